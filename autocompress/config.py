@@ -1,0 +1,401 @@
+"""Typed, frozen run configuration: what Hydra composes becomes these dataclasses at the entry point.
+
+Nothing below the entry points reads a DictConfig; Ray workers receive these objects (plain
+picklable data). Every value is checked here, and a wrong one raises ConfigError naming its key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from autocompress.errors import ConfigError
+
+METRICS: dict[str, str] = {
+    # metric -> sense of its constraint: "max" (upper bound) or "min" (lower bound)
+    "ttft_ms": "max",
+    "tpot_ms": "max",
+    "throughput_tok_s": "min",
+    "memory_gib": "max",
+}
+DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+T = TypeVar("T")
+
+
+def _positive(key: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator (or CPU) as the analytic cost model sees it, with its serving-engine terms."""
+
+    name: str
+    peak_tflops: float  # dense BF16 tensor throughput, TFLOP/s
+    mem_bandwidth_gbs: float  # device memory bandwidth, GB/s (1e9 bytes)
+    memory_gib: float  # device memory capacity, GiB
+    eta_compute: float = 0.6  # achievable share of peak FLOP/s
+    eta_memory: float = 0.8  # achievable share of peak bandwidth
+    step_overhead_ms: float = 1.0  # fixed engine cost per forward step (scheduling, sampling)
+    block_overhead_us: float = 10.0  # fixed cost per kept attention or FFN block per step
+    memory_overhead_gib: float = 1.0  # engine + framework memory outside weights and KV cache
+    memory_utilization: float = 0.9  # share of capacity the engine may use (vLLM gpu_memory_utilization)
+    max_num_batched_tokens: int = 8192  # prefill chunk size of the engine
+    engine: str = "vllm"
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        for key in ("peak_tflops", "mem_bandwidth_gbs", "memory_gib", "max_num_batched_tokens"):
+            _positive(f"hardware.{key}", getattr(self, key))
+        for key in ("step_overhead_ms", "block_overhead_us", "memory_overhead_gib"):
+            _positive(f"hardware.{key}", getattr(self, key), allow_zero=True)
+        for key in ("eta_compute", "eta_memory", "memory_utilization"):
+            value = getattr(self, key)
+            if not 0 < value <= 1:
+                raise ConfigError(f"hardware.{key} must be in (0, 1], got {value!r}")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the deployment serves: a wave of `concurrency` requests of the given lengths."""
+
+    name: str
+    prompt_len: int  # tokens per prompt
+    output_len: int  # generated tokens per request
+    concurrency: int  # requests served together
+    context_len: int  # max model length the engine must admit (>= prompt_len + output_len)
+    dtype: str = "bf16"  # weights and activations
+    kv_dtype: str | None = None  # KV cache; None = same as dtype
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        for key in ("prompt_len", "output_len", "concurrency", "context_len"):
+            _positive(f"workload.{key}", getattr(self, key))
+        if self.context_len < self.prompt_len + self.output_len:
+            raise ConfigError(
+                f"workload.context_len ({self.context_len}) must be >= prompt_len + output_len ({self.prompt_len + self.output_len})"
+            )
+        for key in ("dtype", "kv_dtype"):
+            value = getattr(self, key)
+            if value is not None and value not in DTYPE_BYTES:
+                raise ConfigError(f"workload.{key}={value!r} is unknown; use one of {sorted(DTYPE_BYTES)}")
+
+    @property
+    def weight_bytes(self) -> float:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def kv_bytes(self) -> float:
+        return DTYPE_BYTES[self.kv_dtype or self.dtype]
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A bound on one predicted metric; relative bounds are multiples of the base model's cost."""
+
+    metric: str
+    value: float
+    relative: bool = False
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise ConfigError(f"scenario.constraints.{self.metric} is not a known metric; use one of {sorted(METRICS)}")
+        _positive(f"scenario.constraints.{self.metric}", self.value)
+
+    @property
+    def sense(self) -> str:
+        return METRICS[self.metric]
+
+    def resolve(self, base_costs: Mapping[str, float]) -> Constraint:
+        """The absolute form of this constraint, given the base model's predicted costs."""
+        if not self.relative:
+            return self
+        return Constraint(self.metric, self.value * float(base_costs[self.metric]), relative=False)
+
+    def satisfied(self, value: float, tol: float = 1e-9) -> bool:
+        if self.sense == "max":
+            return value <= self.value * (1 + tol)
+        return value >= self.value * (1 - tol)
+
+    def describe(self) -> str:
+        op = "<=" if self.sense == "max" else ">="
+        bound = f"{self.value:g}x base" if self.relative else f"{self.value:.4g}"
+        return f"{self.metric} {op} {bound}"
+
+    @staticmethod
+    def parse(metric: str, spec: Any) -> Constraint:
+        """`0.6x` (relative to the base model) or a plain number (absolute, in the metric's unit)."""
+        if isinstance(spec, bool):
+            raise ConfigError(f"scenario.constraints.{metric} must be a number or 'NUMx', got {spec!r}")
+        if isinstance(spec, int | float):
+            return Constraint(metric, float(spec), relative=False)
+        match = re.fullmatch(r"\s*([-+0-9.eE]+)\s*x\s*", str(spec))
+        if match is None:
+            raise ConfigError(
+                f"scenario.constraints.{metric}={spec!r} is not understood; write a number in the "
+                f"metric's unit (e.g. 12) or a multiple of the base model's cost (e.g. '0.6x')"
+            )
+        try:
+            value = float(match.group(1))
+        except ValueError as exc:
+            raise ConfigError(f"scenario.constraints.{metric}={spec!r}: bad number") from exc
+        return Constraint(metric, value, relative=True)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Hardware + workload + constraints: the deployment the search optimises for."""
+
+    name: str
+    hardware: Hardware
+    workload: Workload
+    constraints: tuple[Constraint, ...]
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.constraints:
+            raise ConfigError(f"scenario {self.name!r} has no constraints; add scenario.constraints")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The base model: the embedded SmolLM2 GGUF, a Hugging Face path or hub id, or a tiny random Llama."""
+
+    name: str
+    source: Literal["smollm2_gguf", "hf", "tiny"]
+    path: str | None = None  # hf: local directory or hub id
+    num_layers: int = 4  # tiny only
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    vocab_size: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.source not in ("smollm2_gguf", "hf", "tiny"):
+            raise ConfigError(f"model.source={self.source!r} is unknown; use smollm2_gguf, hf or tiny")
+        if self.source == "hf" and not self.path:
+            raise ConfigError("model.path is required when model.source=hf (a local directory or hub id)")
+
+
+@dataclass(frozen=True)
+class SpaceSpec:
+    """Which architectures the search may pick (nemotron-nas block_configs form)."""
+
+    hidden_divisor: int = 64
+    min_hidden_fraction: float = 0.5
+    ffn_divisor: int = 128
+    min_ffn_fraction: float = 0.125
+    allow_attention_noop: bool = True
+    allow_ffn_noop: bool = True
+
+    def __post_init__(self) -> None:
+        _positive("search.space.hidden_divisor", self.hidden_divisor)
+        _positive("search.space.ffn_divisor", self.ffn_divisor)
+        for key in ("min_hidden_fraction", "min_ffn_fraction"):
+            value = getattr(self, key)
+            if not 0 < value <= 1:
+                raise ConfigError(f"search.space.{key} must be in (0, 1], got {value!r}")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Calibration text: split into calibration and held-out sequences from disjoint documents."""
+
+    source: Literal["stdlib", "text", "jsonl", "hf"] = "stdlib"
+    path: str | None = None  # text/jsonl: file or directory; hf: dataset name or local path
+    field: str = "text"  # jsonl / hf: the text column
+    hf_config: str | None = None
+    hf_split: str = "train"
+    seq_len: int = 128
+    calib_sequences: int = 64
+    heldout_sequences: int = 16
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.source not in ("stdlib", "text", "jsonl", "hf"):
+            raise ConfigError(f"data.source={self.source!r} is unknown; use stdlib, text, jsonl or hf")
+        if self.source != "stdlib" and not self.path:
+            raise ConfigError(f"data.path is required when data.source={self.source}")
+        for key in ("seq_len", "calib_sequences", "heldout_sequences"):
+            _positive(f"data.{key}", getattr(self, key))
+
+
+@dataclass(frozen=True)
+class LagrangianSettings:
+    """The knobs Ray Tune sweeps: each setting lands on a different quality/cost trade-off."""
+
+    lambda_init: float = 1.0  # initial multiplier of every constraint
+    dual_lr: float = 0.5  # dual-ascent step on lambda; 0 = fixed weights (plain penalty)
+    margin: float = 0.0  # tighten every bound by this share (0.1 = aim 10% inside)
+    quadratic: float = 0.0  # weight of an extra 0.5 * rho * max(g, 0)^2 term
+    tau_start: float = 1.0  # Gumbel-softmax temperature, annealed geometrically
+    tau_end: float = 0.1
+    lr: float = 0.3  # Adam step on the architecture logits
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("lambda_init", "dual_lr", "quadratic"):
+            _positive(f"search.settings.{key}", getattr(self, key), allow_zero=True)
+        for key in ("tau_start", "tau_end", "lr"):
+            _positive(f"search.settings.{key}", getattr(self, key))
+        if not 0 <= self.margin < 1:
+            raise ConfigError(f"search.settings.margin must be in [0, 1), got {self.margin!r}")
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """One differentiable search run: budget and batch shape."""
+
+    steps: int = 40
+    batch_size: int = 2  # sequences per step
+    eval_sequences: int = 16  # held-out sequences for the final KL / perplexity
+    importance_sequences: int = 16  # calibration sequences for the importance ranking
+    init_bias: float = 2.0  # initial logit advantage of the largest option (start near the teacher)
+    straight_through: bool = False  # hard one-hot samples forward (else relaxed mixtures)
+    threads: int = 0  # torch threads per search; 0 = the CPUs Ray gives the trial
+    space: SpaceSpec = field(default_factory=SpaceSpec)
+    settings: LagrangianSettings = field(default_factory=LagrangianSettings)
+
+    def __post_init__(self) -> None:
+        for key in ("steps", "batch_size", "eval_sequences", "importance_sequences"):
+            _positive(f"search.{key}", getattr(self, key))
+        _positive("search.threads", self.threads, allow_zero=True)
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """How Ray Tune runs the searches."""
+
+    definition: str = "grid"  # a file in sweeps/ (name or path)
+    num_trials: int = 8
+    cpus_per_trial: float = 1.0
+    max_concurrent_trials: int = 0  # 0 = as many as the cluster fits
+    max_failures: int = 1  # retries of an errored trial
+    ray_address: str | None = None  # None = start local Ray; "auto" or host:port = join a cluster
+    objective_cost: str = "tpot_ms"  # cost a multi-objective searcher trades against quality
+
+    def __post_init__(self) -> None:
+        _positive("sweep.num_trials", self.num_trials)
+        _positive("sweep.cpus_per_trial", self.cpus_per_trial)
+        _positive("sweep.max_concurrent_trials", self.max_concurrent_trials, allow_zero=True)
+        _positive("sweep.max_failures", self.max_failures, allow_zero=True)
+        if self.objective_cost not in METRICS:
+            raise ConfigError(f"sweep.objective_cost={self.objective_cost!r}; use one of {sorted(METRICS)}")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one sweep needs, resolved from the composed config."""
+
+    scenario: Scenario
+    model: ModelSpec
+    data: DataSpec
+    search: SearchSpec
+    sweep: SweepSpec
+    results_dir: str = "results"
+    run_id: str | None = None
+
+
+# --------------------------------------------------------------------------- building from plain data
+
+
+def build(cls: type[T], data: Any, key: str) -> T:
+    """Build dataclass `cls` from a mapping, rejecting unknown and missing keys by their full name."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{key} must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(f'{key}.{u}' for u in unknown)}; known: {sorted(fields)}")
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"missing required key {key}.{name}")
+            continue
+        kwargs[name] = _coerce(hints[name], data[name], f"{key}.{name}")
+    return cls(**kwargs)
+
+
+def _coerce(hint: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is not type(None):
+                return _coerce(option, value, key)
+    if origin is Literal:
+        if value not in typing.get_args(hint):
+            raise ConfigError(f"{key}={value!r} is not one of {list(typing.get_args(hint))}")
+        return value
+    if dataclasses.is_dataclass(hint):
+        return build(hint, value, key)  # type: ignore[arg-type]
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if hint in (int, float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        if hint is int and float(value) != int(value):
+            raise ConfigError(f"{key} must be a whole number, got {value!r}")
+        return hint(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def scenario_from_dict(cfg: Mapping[str, Any]) -> Scenario:
+    """Scenario from the composed config's `scenario`, `hardware` and `workload` sections."""
+    scenario = cfg.get("scenario")
+    if not isinstance(scenario, Mapping):
+        raise ConfigError("no scenario selected: add +scenario=NAME (see conf/scenario/)")
+    for section in ("hardware", "workload"):
+        if not isinstance(cfg.get(section), Mapping):
+            raise ConfigError(f"scenario {scenario.get('name')!r} names no {section}; add /{section}: NAME to its defaults")
+    raw = scenario.get("constraints") or {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError("scenario.constraints must map metric names to bounds, e.g. {tpot_ms: 0.6x}")
+    constraints = tuple(Constraint.parse(str(k), v) for k, v in raw.items() if v is not None)
+    rest = {k: v for k, v in scenario.items() if k != "constraints"}
+    unknown = sorted(set(rest) - {"name", "description"})
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join('scenario.' + u for u in unknown)}")
+    return Scenario(
+        name=str(scenario.get("name") or "unnamed"),
+        description=str(scenario.get("description") or ""),
+        hardware=build(Hardware, cfg["hardware"], "hardware"),
+        workload=build(Workload, cfg["workload"], "workload"),
+        constraints=constraints,
+    )
+
+
+def run_spec_from_dict(cfg: Mapping[str, Any]) -> RunSpec:
+    """RunSpec from a fully resolved config mapping (OmegaConf.to_container(cfg, resolve=True))."""
+    results = cfg.get("results") or {}
+    run_id = results.get("run_id")
+    if run_id is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", str(run_id)):
+        raise ConfigError(f"results.run_id={run_id!r} may only hold letters, digits, '_', '-' and '.'")
+    return RunSpec(
+        scenario=scenario_from_dict(cfg),
+        model=build(ModelSpec, cfg.get("model"), "model"),
+        data=build(DataSpec, cfg.get("data") or {}, "data"),
+        search=build(SearchSpec, cfg.get("search") or {}, "search"),
+        sweep=build(SweepSpec, cfg.get("sweep") or {}, "sweep"),
+        results_dir=str(results.get("dir") or "results"),
+        run_id=None if run_id is None else str(run_id),
+    )
