@@ -1,0 +1,59 @@
+"""The cost-model interface the search sees: expected serving cost of a distribution over architectures."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from autocompress.arch import Architecture, SearchSpace
+
+COST_KEYS = ("ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gib")
+
+
+@dataclass
+class ArchDistribution:
+    """Independent categorical distributions over the space's options.
+
+    hidden: [H] probabilities of each global hidden size; attention: [L, A]; ffn: [L, F].
+    """
+
+    hidden: torch.Tensor  # [H]
+    attention: torch.Tensor  # [L, A]
+    ffn: torch.Tensor  # [L, F]
+
+    @staticmethod
+    def one_hot(space: SearchSpace, arch: Architecture) -> ArchDistribution:
+        h, att, ffn = space.indices(arch)
+        dt = torch.float64
+        return ArchDistribution(
+            hidden=torch.nn.functional.one_hot(torch.tensor(h), len(space.hidden)).to(dt),
+            attention=torch.nn.functional.one_hot(torch.tensor(att), len(space.attention)).to(dt),
+            ffn=torch.nn.functional.one_hot(torch.tensor(ffn), len(space.ffn)).to(dt),
+        )
+
+
+class CostModel(ABC):
+    """Predicts TTFT (ms), TPOT (ms), output throughput (tokens/s) and serving memory (GiB).
+
+    Implementations: `AnalyticCostModel` (roofline with efficiency terms from the hardware config);
+    a model fitted to engine measurements plugs in by implementing `expected`.
+    """
+
+    space: SearchSpace
+
+    @property
+    @abstractmethod
+    def id(self) -> str:
+        """Stable name recorded with every result row (e.g. `analytic/h100_sxm/v1`)."""
+
+    @abstractmethod
+    def expected(self, dist: ArchDistribution) -> dict[str, torch.Tensor]:
+        """Expected costs under `dist`, differentiable with respect to its probabilities."""
+
+    def predict(self, arch: Architecture) -> dict[str, float]:
+        """Costs of one architecture of the space."""
+        with torch.no_grad():
+            out = self.expected(ArchDistribution.one_hot(self.space, arch))
+        return {k: float(v) for k, v in out.items()}

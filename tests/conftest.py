@@ -1,0 +1,75 @@
+"""Shared fixtures: Hydra compose, tiny models built in the test, the embedded model when installed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from autocompress.arch import Architecture, SearchSpace
+from autocompress.config import ModelSpec, RunSpec, SpaceSpec, run_spec_from_dict
+from autocompress.models import tiny_llama
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+# a tiny model, a space with several options per decision, constraints it can meet, a fast search
+TINY = [
+    "model=tiny_llama",
+    "search.space.hidden_divisor=16",
+    "search.space.ffn_divisor=32",
+    "search.steps=6",
+    "search.eval_sequences=4",
+    "search.importance_sequences=4",
+    "data.seq_len=32",
+    "data.calib_sequences=8",
+    "data.heldout_sequences=4",
+]
+TINY_CPU = [*TINY, "scenario.constraints.tpot_ms=0.97x", "scenario.constraints.ttft_ms=0.9x"]
+
+
+def compose_dict(*overrides: str) -> dict[str, Any]:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    data: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    data.setdefault("sweep", {})["ray_address"] = (data.pop("ray", None) or {}).get("address")
+    return data
+
+
+def compose_spec(*overrides: str) -> RunSpec:
+    return run_spec_from_dict(compose_dict(*overrides))
+
+
+def run_cli(module: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+@pytest.fixture
+def tiny_model() -> Any:
+    model = tiny_llama(
+        ModelSpec(
+            name="tiny", source="tiny", num_layers=3, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2
+        )
+    )
+    model.eval().requires_grad_(False)
+    return model
+
+
+@pytest.fixture
+def tiny_space(tiny_model: Any) -> SearchSpace:
+    base = Architecture.from_llama_config(tiny_model.config)
+    return SearchSpace.from_base(base, SpaceSpec(hidden_divisor=16, ffn_divisor=32, min_hidden_fraction=0.25))
+
+
+@pytest.fixture
+def tokens() -> torch.Tensor:
+    return torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(0))

@@ -1,0 +1,131 @@
+"""Cost-model contract (every implementation passes it) and the roofline formulas by hand."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from autocompress.arch import Architecture, Block, SearchSpace
+from autocompress.config import Hardware, SpaceSpec, Workload
+from autocompress.cost import COST_KEYS, AnalyticCostModel, ArchDistribution, CostModel
+
+from .test_arch import SMOLLM2
+
+H100 = Hardware(name="h100", peak_tflops=989.4, mem_bandwidth_gbs=3350, memory_gib=74.5)
+WORKLOADS = [
+    Workload(name="batched", prompt_len=1024, output_len=256, concurrency=256, context_len=4096),
+    Workload(name="single", prompt_len=16384, output_len=1024, concurrency=1, context_len=32768),
+]
+
+
+def smollm2_space() -> SearchSpace:
+    return SearchSpace.from_base(Architecture.from_llama_config(SMOLLM2), SpaceSpec())
+
+
+def cost_models() -> list[CostModel]:
+    return [AnalyticCostModel(smollm2_space(), H100, wl) for wl in WORKLOADS]
+
+
+def random_indices(space: SearchSpace, rng: random.Random) -> tuple[int, list[int], list[int]]:
+    n = space.num_layers
+    return (
+        rng.randrange(len(space.hidden)),
+        [rng.randrange(len(space.attention)) for _ in range(n)],
+        [rng.randrange(len(space.ffn)) for _ in range(n)],
+    )
+
+
+@pytest.mark.parametrize("cm", cost_models(), ids=lambda cm: cm.id + "/" + cm.wl.name)
+def test_contract_non_negative_and_monotone(cm: CostModel) -> None:
+    space, rng = cm.space, random.Random(0)
+    for _ in range(10):
+        h, att, ffn = random_indices(space, rng)
+        costs = cm.predict(space.architecture(h, att, ffn))
+        assert set(costs) == set(COST_KEYS) and all(v >= 0 for v in costs.values())
+        layer = rng.randrange(space.num_layers)
+        grown = [(min(h + 1, len(space.hidden) - 1), att, ffn)]
+        grown.append((h, [*att[:layer], min(att[layer] + 1, len(space.attention) - 1), *att[layer + 1 :]], ffn))
+        grown.append((h, att, [*ffn[:layer], min(ffn[layer] + 1, len(space.ffn) - 1), *ffn[layer + 1 :]]))
+        for g in grown:
+            bigger = cm.predict(space.architecture(*g))
+            for key in ("ttft_ms", "tpot_ms", "memory_gib"):
+                assert bigger[key] >= costs[key] * (1 - 1e-12), key
+            assert bigger["throughput_tok_s"] <= costs["throughput_tok_s"] * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("cm", cost_models(), ids=lambda cm: cm.wl.name)
+def test_contract_differentiable(cm: CostModel) -> None:
+    space = cm.space
+    logits = [
+        torch.zeros(len(space.hidden), requires_grad=True),
+        torch.zeros(space.num_layers, len(space.attention), requires_grad=True),
+        torch.zeros(space.num_layers, len(space.ffn), requires_grad=True),
+    ]
+    out = cm.expected(ArchDistribution(*(torch.softmax(t, -1) for t in logits)))
+    for key in COST_KEYS:
+        grads = torch.autograd.grad(out[key], logits, retain_graph=True)
+        assert all(torch.isfinite(g).all() for g in grads)
+        assert any(g.abs().sum() > 0 for g in grads), key
+
+
+@pytest.mark.parametrize("cm", cost_models(), ids=lambda cm: cm.wl.name)
+def test_expectation_is_exact_for_one_decision(cm: CostModel) -> None:
+    """With one layer's FFN uncertain, expected TPOT/TTFT/memory are the probability-weighted costs."""
+    space = cm.space
+    h, att, ffn = space.indices(space.largest())
+    probs = torch.softmax(torch.arange(len(space.ffn), dtype=torch.float64), 0)
+    dist = ArchDistribution.one_hot(space, space.largest())
+    dist.ffn[7] = probs
+    expected = cm.expected(dist)
+    for key in ("tpot_ms", "ttft_ms", "memory_gib"):
+        values = [cm.predict(space.architecture(h, att, [*ffn[:7], o, *ffn[8:]]))[key] for o in range(len(space.ffn))]
+        assert float(expected[key]) == pytest.approx(float(probs @ torch.tensor(values, dtype=torch.float64)), rel=1e-9)
+
+
+def test_roofline_by_hand() -> None:
+    """One layer (d=64, q=64, kv=2, hd=16, i=96, V=256), bandwidth-bound decode of one sequence."""
+    base = Architecture(
+        hidden_size=64, num_attention_heads=4, head_dim=16, vocab_size=256, tie_word_embeddings=True, blocks=(Block(2, 96),)
+    )
+    space = SearchSpace.from_base(base, SpaceSpec(hidden_divisor=16, ffn_divisor=32))
+    hw = Hardware(
+        name="hand",
+        peak_tflops=1.0,
+        mem_bandwidth_gbs=1.0,
+        memory_gib=1.0,
+        eta_compute=1.0,
+        eta_memory=1.0,
+        step_overhead_ms=0.0,
+        block_overhead_us=0.0,
+        memory_overhead_gib=0.0,
+        memory_utilization=1.0,
+        max_num_batched_tokens=64,
+    )
+    wl = Workload(name="hand", prompt_len=8, output_len=4, concurrency=1, context_len=16)
+    costs = AnalyticCostModel(space, hw, wl).predict(base)
+    # decode at context 8 + 4/2 = 10, bf16 (2 bytes), 1e9 B/s:
+    #   attention projections 2*(2*64*64 + 2*64*2*16) = 24576 B; attention core 10*2*2*16*2 = 1280 B;
+    #   FFN 2*3*64*96 = 36864 B; LM head 2*64*256 = 32768 B  -> 95488 B = 95.488 us
+    assert costs["tpot_ms"] == pytest.approx(95488e-9 * 1e3)
+    # prefill of 8 tokens: projections 24576 + KV writes 8*2*2*16*2 = 1024 B (memory-bound: 25.6 us);
+    #   core: 2*1*64*8*8 = 8192 FLOP vs 1024 B -> 1.024 us; FFN 36864 B; head 32768 B
+    assert costs["ttft_ms"] == pytest.approx((25600 + 1024 + 36864 + 32768) * 1e-9 * 1e3)
+    # memory: weights 2 * num_params + KV 16 tokens (context_len) * 2*2*16*2 + workspace 4*(4*64*64 + 1*256)
+    weights = 2 * base.num_params()
+    assert costs["memory_gib"] == pytest.approx((weights + 16 * 128 + 4 * (4 * 64 * 64 + 256)) / 1024**3)
+    assert costs["throughput_tok_s"] == pytest.approx(4 / (costs["ttft_ms"] / 1e3 + 4 * costs["tpot_ms"] / 1e3))
+
+
+def test_kv_cache_caps_throughput() -> None:
+    """When memory holds fewer sequences than the concurrency, throughput follows what fits."""
+    space = smollm2_space()
+    big = Workload(name="huge", prompt_len=32000, output_len=768, concurrency=4096, context_len=32768)
+    tiny_gpu = Hardware(name="small", peak_tflops=989.4, mem_bandwidth_gbs=3350, memory_gib=16)
+    full = AnalyticCostModel(space, tiny_gpu, big).predict(space.largest())
+    roomy = AnalyticCostModel(space, Hardware(name="big", peak_tflops=989.4, mem_bandwidth_gbs=3350, memory_gib=16000), big).predict(
+        space.largest()
+    )
+    assert full["throughput_tok_s"] < roomy["throughput_tok_s"]
+    assert full["memory_gib"] == pytest.approx(roomy["memory_gib"])  # demand does not depend on capacity
