@@ -1,0 +1,77 @@
+"""Naive architectures the search must beat at equal predicted cost: uniform-fraction and random feasible."""
+
+from __future__ import annotations
+
+import random
+
+from autocompress.arch import Architecture, SearchSpace
+from autocompress.config import Constraint
+from autocompress.cost import CostModel
+
+
+def meets(cost_model: CostModel, constraints: tuple[Constraint, ...], arch: Architecture) -> bool:
+    costs = cost_model.predict(arch)
+    return all(c.satisfied(costs[c.metric]) for c in constraints)
+
+
+def _largest_at_most(options: tuple[int, ...], value: float, floor: int) -> int:
+    """Index of the largest option <= value, never below the first option >= floor."""
+    allowed = [i for i, o in enumerate(options) if o >= floor]
+    below = [i for i in allowed if options[i] <= value + 1e-9]
+    return max(below) if below else min(allowed)
+
+
+def uniform_architecture(
+    space: SearchSpace, cost_model: CostModel, constraints: tuple[Constraint, ...], steps: int = 200
+) -> Architecture | None:
+    """Every dimension pruned by the same fraction f (hidden, KV heads, FFN), the largest f that is feasible.
+
+    No layer is dropped; each width is the largest option not above f times the base width.
+    """
+    base = space.base.blocks[0]
+    n = space.num_layers
+    for k in range(steps, 0, -1):
+        f = k / steps
+        h = _largest_at_most(space.hidden, f * space.base.hidden_size, 1)
+        a = _largest_at_most(space.attention, f * base.kv_heads, 1)
+        i = _largest_at_most(space.ffn, f * base.ffn, 1)
+        arch = space.architecture(h, [a] * n, [i] * n)
+        if meets(cost_model, constraints, arch):
+            return arch
+    return None
+
+
+def random_feasible(
+    space: SearchSpace, cost_model: CostModel, constraints: tuple[Constraint, ...], rng: random.Random, tries: int = 200
+) -> Architecture | None:
+    """A random architecture grown to the constraint boundary.
+
+    Start from uniformly random options per decision (resampled until feasible), then upgrade random
+    decisions one option at a time while the result stays feasible, so that it uses the cost budget
+    as the searched architectures do.
+    """
+    n = space.num_layers
+    for _ in range(tries):
+        h = rng.randrange(len(space.hidden))
+        att = [rng.randrange(len(space.attention)) for _ in range(n)]
+        ffn = [rng.randrange(len(space.ffn)) for _ in range(n)]
+        if meets(cost_model, constraints, space.architecture(h, att, ffn)):
+            break
+    else:
+        return None
+    while True:
+        moves = [("h", 0)] if h + 1 < len(space.hidden) else []
+        moves += [("a", layer) for layer in range(n) if att[layer] + 1 < len(space.attention)]
+        moves += [("f", layer) for layer in range(n) if ffn[layer] + 1 < len(space.ffn)]
+        rng.shuffle(moves)
+        for kind, layer in moves:
+            h2, a2, f2 = h + (kind == "h"), att.copy(), ffn.copy()
+            if kind == "a":
+                a2[layer] += 1
+            elif kind == "f":
+                f2[layer] += 1
+            if meets(cost_model, constraints, space.architecture(h2, a2, f2)):
+                h, att, ffn = h2, a2, f2
+                break
+        else:
+            return space.architecture(h, att, ffn)

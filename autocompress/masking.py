@@ -1,0 +1,147 @@
+"""Architecture masks attached to an unmodified Hugging Face Llama model with forward hooks.
+
+Given (relaxed) one-hot choices per decision, the hooks make the model compute exactly what the
+pruned architecture computes:
+- hidden width: embedding output and every residual write (o_proj, down_proj) keep the top-ranked
+  channels; RMSNorm statistics are taken over the kept channels only (as in the pruned model);
+- attention: K and V heads are mean-pooled within groups of consecutive heads (query head i keeps
+  using merged head i // (n_q / kv)); a no-op layer's attention output is zeroed;
+- FFN: the top-ranked intermediate neurons of each layer are kept (none for a no-op FFN).
+With soft choices the masks are the probability-weighted mixtures of the options' masks.
+With no choices set, the hooks do nothing and the model is the unpruned teacher.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+
+from autocompress.arch import Architecture, SearchSpace
+
+
+@dataclass
+class Ranking:
+    """Importance order of prunable units, most important first."""
+
+    hidden: torch.Tensor  # [d] channel ids
+    ffn: torch.Tensor  # [L, i] neuron ids per layer
+
+
+@dataclass
+class _Masks:
+    hidden: torch.Tensor  # [d]
+    width: torch.Tensor  # scalar: kept hidden channels (for RMSNorm statistics)
+    kv_mix: torch.Tensor  # [L, kv, kv]: merged head k = sum_j kv_mix[l, k, j] * head j
+    attn_gate: torch.Tensor  # [L]
+    ffn: torch.Tensor  # [L, i]
+
+
+def kv_merge_matrix(base_kv: int, kept: int) -> torch.Tensor:
+    """[base_kv, base_kv] matrix replacing every head by the mean of its group of base_kv // kept heads."""
+    if kept == 0:
+        return torch.eye(base_kv)
+    group = base_kv // kept
+    ids = torch.arange(base_kv) // group
+    return (ids[:, None] == ids[None, :]).float() / group
+
+
+class MaskedModel:
+    """Hooks a LlamaForCausalLM so that `set(...)` selects the architecture its forward computes."""
+
+    def __init__(self, model: Any, space: SearchSpace, ranking: Ranking) -> None:
+        self.model, self.space = model, space
+        base = space.base
+        d = base.hidden_size
+        pos = torch.empty(d, dtype=torch.long)
+        pos[ranking.hidden] = torch.arange(d)  # rank position of every channel
+        self._p_hidden = (pos[None, :] < torch.tensor(space.hidden)[:, None]).float()  # [H, d]
+        i = base.blocks[0].ffn
+        ffn_pos = torch.empty_like(ranking.ffn)
+        ffn_pos.scatter_(1, ranking.ffn, torch.arange(i).expand_as(ranking.ffn))
+        self._p_ffn = (ffn_pos[:, None, :] < torch.tensor(space.ffn)[None, :, None]).float()  # [L, F, i]
+        kv = base.blocks[0].kv_heads
+        self._kv_mats = torch.stack([kv_merge_matrix(kv, k) for k in space.attention])  # [A, kv, kv]
+        self._gate = torch.tensor([float(k > 0) for k in space.attention])  # [A]
+        self._widths = torch.tensor(space.hidden, dtype=torch.float32)  # [H]
+        self._masks: _Masks | None = None
+        self._handles: list[Any] = []
+        self._attach()
+
+    # ------------------------------------------------------------------ selecting an architecture
+
+    def set(self, hidden: torch.Tensor, attention: torch.Tensor, ffn: torch.Tensor) -> None:
+        """Choices as (relaxed) one-hot weights: hidden [H], attention [L, A], ffn [L, F]."""
+        self._masks = _Masks(
+            hidden=hidden @ self._p_hidden,
+            width=hidden @ self._widths,
+            kv_mix=torch.einsum("la,akj->lkj", attention, self._kv_mats),
+            attn_gate=attention @ self._gate,
+            ffn=torch.einsum("lf,lfi->li", ffn, self._p_ffn),
+        )
+
+    def set_architecture(self, arch: Architecture) -> None:
+        h, att, ffn = self.space.indices(arch)
+        onehot = torch.nn.functional.one_hot
+        self.set(
+            onehot(torch.tensor(h), len(self.space.hidden)).float(),
+            onehot(torch.tensor(att), len(self.space.attention)).float(),
+            onehot(torch.tensor(ffn), len(self.space.ffn)).float(),
+        )
+
+    def clear(self) -> None:
+        """Back to the unpruned teacher."""
+        self._masks = None
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._masks = None
+
+    # ------------------------------------------------------------------ hooks
+
+    def _attach(self) -> None:
+        inner = self.model.model
+        self._hook(inner.embed_tokens, self._mask_hidden)
+        self._hook(inner.norm, self._norm)
+        for idx, layer in enumerate(inner.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            self._hook(layer.input_layernorm, self._norm)
+            self._hook(layer.post_attention_layernorm, self._norm)
+            self._hook(attn.k_proj, partial(self._merge_kv, idx, attn.head_dim))
+            self._hook(attn.v_proj, partial(self._merge_kv, idx, attn.head_dim))
+            self._hook(attn.o_proj, partial(self._gate_attention, idx))
+            self._hook(mlp.down_proj, self._mask_hidden)
+            self._handles.append(mlp.down_proj.register_forward_pre_hook(partial(self._mask_ffn, idx)))
+
+    def _hook(self, module: Any, fn: Any) -> None:
+        self._handles.append(module.register_forward_hook(fn))
+
+    def _mask_hidden(self, module: Any, args: Any, out: torch.Tensor) -> torch.Tensor | None:
+        return None if self._masks is None else out * self._masks.hidden
+
+    def _norm(self, module: Any, args: Any, out: torch.Tensor) -> torch.Tensor | None:
+        """RMSNorm over the kept channels: x * rsqrt(sum(x^2) / width + eps) * weight, pruned channels 0."""
+        m = self._masks
+        if m is None:
+            return None
+        x = args[0].float()  # [b, s, d]; pruned channels are already 0 in the residual stream
+        var = x.pow(2).sum(-1, keepdim=True) / m.width
+        return (module.weight * (x * torch.rsqrt(var + module.variance_epsilon)) * m.hidden).to(out.dtype)
+
+    def _merge_kv(self, idx: int, head_dim: int, module: Any, args: Any, out: torch.Tensor) -> torch.Tensor | None:
+        if self._masks is None:
+            return None
+        shape = out.shape
+        heads = out.view(*shape[:-1], -1, head_dim)  # [b, s, kv, hd]
+        return torch.einsum("bsjd,kj->bskd", heads, self._masks.kv_mix[idx]).reshape(shape)
+
+    def _gate_attention(self, idx: int, module: Any, args: Any, out: torch.Tensor) -> torch.Tensor | None:
+        m = self._masks
+        return None if m is None else out * (m.attn_gate[idx] * m.hidden)
+
+    def _mask_ffn(self, idx: int, module: Any, args: Any) -> tuple[torch.Tensor] | None:
+        return None if self._masks is None else (args[0] * self._masks.ffn[idx],)

@@ -1,0 +1,85 @@
+"""What a sweep computes once before its trials: model, space, cost model, absolute constraints, shared tensors."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from autocompress.arch import Architecture, SearchSpace
+from autocompress.config import Constraint, RunSpec, Scenario
+from autocompress.cost import CostModel, get_cost_model
+from autocompress.data import load_token_data
+from autocompress.errors import InfeasibleError
+from autocompress.importance import rank_units, teacher_hidden
+from autocompress.models import BaseModel, load_base_model
+from autocompress.search import SearchInputs
+
+
+@dataclass
+class Prepared:
+    base: BaseModel
+    space: SearchSpace
+    cost_model: CostModel
+    base_costs: dict[str, float]
+    inputs: SearchInputs
+
+
+def log(msg: str) -> None:
+    print(f"[autocompress] {msg}", file=sys.stderr, flush=True)
+
+
+def resolve_constraints(scenario: Scenario, space: SearchSpace, cost_model: CostModel) -> tuple[tuple[Constraint, ...], dict[str, float]]:
+    """Absolute constraints; raises InfeasibleError if even the smallest architecture misses one."""
+    base_costs = cost_model.predict(space.largest())
+    constraints = tuple(c.resolve(base_costs) for c in scenario.constraints)
+    floor = cost_model.predict(space.smallest())
+    for raw, c in zip(scenario.constraints, constraints, strict=True):
+        if not c.satisfied(floor[c.metric]):
+            raise InfeasibleError(
+                f"constraint {raw.describe()} (= {c.value:.4g}) of scenario {scenario.name!r} cannot be met: "
+                f"the smallest architecture in the search space reaches {c.metric} = {floor[c.metric]:.4g} "
+                f"(base model: {base_costs[c.metric]:.4g}). Loosen the constraint or widen the space (search.space.*)"
+            )
+    return constraints, base_costs
+
+
+def check_space(base: Architecture, space: SearchSpace) -> None:
+    if space.largest() != base:
+        raise InfeasibleError("the search space does not contain the base model; check search.space divisors")
+
+
+def prepare(spec: RunSpec, progress: bool = True) -> Prepared:
+    """Load the base model, build space and cost model, resolve constraints, cache teacher outputs."""
+    start = time.time()
+    base_model = load_base_model(spec.model)
+    base = Architecture.from_llama_config(base_model.model.config)
+    space = SearchSpace.from_base(base, spec.search.space)
+    check_space(base, space)
+    cost_model = get_cost_model(space, spec.scenario)
+    constraints, base_costs = resolve_constraints(spec.scenario, space, cost_model)
+    log(
+        f"base model {spec.model.name}: {base.num_params():,} parameters, {base.num_layers} layers; "
+        f"space of {space.size():.3g} architectures; cost model {cost_model.id}"
+    )
+    log(
+        "constraints: " + ", ".join(f"{c.describe()} -> {a.value:.4g}" for c, a in zip(spec.scenario.constraints, constraints, strict=True))
+    )
+    data = load_token_data(spec.data, base_model.tokenizer)
+    model = base_model.model
+    ranking = rank_units(model, data.calib[: spec.search.importance_sequences], progress=progress)
+    calib_hidden = teacher_hidden(model, data.calib, progress=progress, desc="teacher (calibration)")
+    held_hidden = teacher_hidden(model, data.heldout, progress=progress, desc="teacher (held-out)")
+    inputs = SearchInputs(
+        space=space,
+        ranking=ranking,
+        calib=data.calib,
+        heldout=data.heldout,
+        teacher_calib=calib_hidden.to(torch.float32),
+        teacher_heldout=held_hidden.to(torch.float32),
+        constraints=constraints,
+    )
+    log(f"prepared in {time.time() - start:.0f}s")
+    return Prepared(base_model, space, cost_model, base_costs, inputs)

@@ -1,0 +1,218 @@
+"""One differentiable architecture search run: a plain function, callable (and tested) without Ray.
+
+Every decision (global hidden width; per layer attention and FFN option) has a learnable
+categorical distribution, sampled with straight-through Gumbel-softmax at an annealed temperature.
+The loss is the KL divergence from the unpruned teacher to the sampled student on calibration text,
+plus sum_c lambda_c * g_c (+ 0.5 * rho * max(g_c, 0)^2), where g_c is the normalised violation of
+constraint c by the expected cost under the current distributions; lambda_c >= 0 follows dual
+ascent (or stays fixed when dual_lr = 0). Weights are frozen: only the architecture logits learn.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from autocompress.arch import Architecture, SearchSpace
+from autocompress.config import Constraint, LagrangianSettings, SearchSpec
+from autocompress.cost import ArchDistribution, CostModel
+from autocompress.masking import MaskedModel, Ranking
+
+
+@dataclass
+class SearchInputs:
+    """What every search of a sweep shares; computed once by the driver."""
+
+    space: SearchSpace
+    ranking: Ranking
+    calib: torch.Tensor  # [n, s] token ids
+    heldout: torch.Tensor  # [m, s]
+    teacher_calib: torch.Tensor  # [n, s, d] teacher final-norm hidden states
+    teacher_heldout: torch.Tensor  # [m, s, d]
+    constraints: tuple[Constraint, ...]  # absolute bounds
+
+
+@dataclass
+class SearchResult:
+    architecture: Architecture
+    costs: dict[str, float]
+    feasible: dict[str, bool]  # per constraint metric
+    kl: float  # held-out KL(teacher || student), nats per token, no retraining
+    perplexity: float  # held-out perplexity of the student
+    repair_steps: int  # downgrades applied after the search to meet the constraints
+    wall_s: float
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def all_feasible(self) -> bool:
+        return all(self.feasible.values())
+
+
+def violation(constraint: Constraint, value: torch.Tensor, margin: float = 0.0) -> torch.Tensor:
+    """Normalised violation g: > 0 when violated. Upper bound b: value / (b (1 - m)) - 1; lower: 1 - value / (b (1 + m))."""
+    if constraint.sense == "max":
+        return value / (constraint.value * (1 - margin)) - 1
+    return 1 - value / (constraint.value * (1 + margin))
+
+
+def feasibility(constraints: tuple[Constraint, ...], costs: dict[str, float]) -> dict[str, bool]:
+    return {c.metric: c.satisfied(costs[c.metric]) for c in constraints}
+
+
+def relaxed_sample(logits: torch.Tensor, tau: float, gen: torch.Generator, hard: bool) -> torch.Tensor:
+    """Gumbel-softmax sample at temperature tau; `hard`: one-hot forward with the relaxed gradient (straight-through)."""
+    u = torch.rand(logits.shape, generator=gen).clamp_(1e-10, 1 - 1e-10)
+    soft = torch.softmax((logits - torch.log(-torch.log(u))) / tau, dim=-1)
+    if not hard:
+        return soft
+    one_hot = F.one_hot(soft.argmax(-1), logits.shape[-1]).to(soft.dtype)
+    return one_hot - soft.detach() + soft
+
+
+def kl_to_teacher(model: Any, student_hidden: torch.Tensor, teacher_hidden: torch.Tensor) -> torch.Tensor:
+    """Mean over tokens of KL(p_teacher || p_student), both from the shared LM head."""
+    logp_s = torch.log_softmax(model.lm_head(student_hidden).float(), dim=-1)  # [b, s, V]
+    with torch.no_grad():
+        logp_t = torch.log_softmax(model.lm_head(teacher_hidden).float(), dim=-1)
+    return F.kl_div(logp_s.flatten(0, 1), logp_t.flatten(0, 1), log_target=True, reduction="batchmean")
+
+
+@torch.no_grad()
+def evaluate(
+    model: Any, masked: MaskedModel, arch: Architecture | None, tokens: torch.Tensor, teacher: torch.Tensor, batch_size: int = 4
+) -> tuple[float, float]:
+    """Held-out (KL to teacher, perplexity) of `arch` (None = the unpruned model) without retraining."""
+    if arch is None:
+        masked.clear()
+    else:
+        masked.set_architecture(arch)
+    kl_sum, nll_sum, n_kl, n_nll = 0.0, 0.0, 0, 0
+    try:
+        for start in range(0, len(tokens), batch_size):
+            ids = tokens[start : start + batch_size]
+            hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+            kl_sum += float(kl_to_teacher(model, hidden, teacher[start : start + batch_size])) * ids.numel()
+            logits = model.lm_head(hidden[:, :-1]).float()
+            nll_sum += float(F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="sum"))
+            n_kl, n_nll = n_kl + ids.numel(), n_nll + ids[:, 1:].numel()
+    finally:
+        masked.clear()
+    return kl_sum / n_kl, math.exp(nll_sum / n_nll)
+
+
+def repair(
+    arch: Architecture,
+    space: SearchSpace,
+    cost_model: CostModel,
+    constraints: tuple[Constraint, ...],
+    logits: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> tuple[Architecture, int]:
+    """Downgrade one decision at a time until every constraint holds.
+
+    Each step takes the single-decision downgrade with the largest drop in total violation per unit
+    of log-probability given up under the search's final distributions.
+    """
+    logp = [torch.log_softmax(t.detach(), dim=-1) for t in logits]
+
+    def total_violation(a: Architecture) -> float:
+        costs = cost_model.predict(a)
+        return sum(max(0.0, float(violation(c, torch.tensor(costs[c.metric])))) for c in constraints)
+
+    current, steps = total_violation(arch), 0
+    idx = space.indices(arch)
+    while current > 1e-9:
+        h, att, ffn = idx
+        moves: list[tuple[tuple[int, list[int], list[int]], float]] = []
+        if h > 0:
+            moves.append(((h - 1, att, ffn), float(logp[0][h] - logp[0][h - 1])))
+        for layer in range(space.num_layers):
+            if att[layer] > 0:
+                a2 = att.copy()
+                a2[layer] -= 1
+                moves.append(((h, a2, ffn), float(logp[1][layer, att[layer]] - logp[1][layer, a2[layer]])))
+            if ffn[layer] > 0:
+                f2 = ffn.copy()
+                f2[layer] -= 1
+                moves.append(((h, att, f2), float(logp[2][layer, ffn[layer]] - logp[2][layer, f2[layer]])))
+        if not moves:
+            break
+        scored = []
+        for move, cost in moves:
+            gain = current - total_violation(space.architecture(*move))
+            scored.append((gain / (max(cost, 0.0) + 1e-3), gain, move))
+        _, gain, move = max(scored, key=lambda s: (s[0], s[1]))
+        if gain <= 0:
+            break
+        idx, current, steps = move, current - gain, steps + 1
+    return space.architecture(*idx), steps
+
+
+def run_search(
+    model: Any,
+    inputs: SearchInputs,
+    cost_model: CostModel,
+    spec: SearchSpec,
+    settings: LagrangianSettings,
+    on_step: Callable[[dict[str, float]], None] | None = None,
+) -> SearchResult:
+    """Search one architecture for the given Lagrangian settings; weights stay frozen."""
+    start = time.time()
+    space, cons = inputs.space, inputs.constraints
+    gen = torch.Generator().manual_seed(settings.seed)
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    logits = []
+    for n_rows, n_opts in ((None, len(space.hidden)), (space.num_layers, len(space.attention)), (space.num_layers, len(space.ffn))):
+        t = torch.zeros(n_opts) if n_rows is None else torch.zeros(n_rows, n_opts)
+        t[..., -1] = spec.init_bias  # start at the base model
+        logits.append(t.requires_grad_(True))
+    opt = torch.optim.Adam(logits, lr=settings.lr)
+    lambdas = torch.full((len(cons),), settings.lambda_init, dtype=torch.float64)
+    masked = MaskedModel(model, space, inputs.ranking)
+    history: list[dict[str, float]] = []
+    try:
+        for step in range(spec.steps):
+            tau = settings.tau_start * (settings.tau_end / settings.tau_start) ** (step / max(1, spec.steps - 1))
+            rows = torch.randint(len(inputs.calib), (spec.batch_size,), generator=gen)
+            masked.set(*(relaxed_sample(t, tau, gen, spec.straight_through) for t in logits))
+            hidden = model.model(input_ids=inputs.calib[rows], use_cache=False).last_hidden_state
+            kl = kl_to_teacher(model, hidden, inputs.teacher_calib[rows])
+            costs = cost_model.expected(ArchDistribution(*(torch.softmax(t, dim=-1) for t in logits)))
+            g = torch.stack([violation(c, costs[c.metric], settings.margin) for c in cons])
+            penalty = (lambdas * g).sum() + 0.5 * settings.quadratic * torch.relu(g).pow(2).sum()
+            loss = kl + penalty.float()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            lambdas = torch.clamp(lambdas + settings.dual_lr * g.detach(), min=0.0)
+            record = {"step": step, "tau": tau, "loss": float(loss.detach()), "kl": float(kl.detach())}
+            record.update({f"lambda_{c.metric}": float(lam) for c, lam in zip(cons, lambdas, strict=True)})
+            record.update({f"expected_{k}": float(v.detach()) for k, v in costs.items()})
+            history.append(record)
+            if on_step is not None:
+                on_step(record)
+        masked.clear()
+        h, att, ffn = (t.detach().argmax(-1) for t in logits)
+        arch = space.architecture(int(h), att.tolist(), ffn.tolist())
+        arch, repairs = repair(arch, space, cost_model, cons, (logits[0], logits[1], logits[2]))
+        held = inputs.heldout[: spec.eval_sequences]
+        kl_held, ppl = evaluate(model, masked, arch, held, inputs.teacher_heldout[: spec.eval_sequences])
+    finally:
+        masked.remove()
+    costs_final = cost_model.predict(arch)
+    return SearchResult(
+        architecture=arch,
+        costs=costs_final,
+        feasible=feasibility(cons, costs_final),
+        kl=kl_held,
+        perplexity=ppl,
+        repair_steps=repairs,
+        wall_s=time.time() - start,
+        history=history,
+    )

@@ -1,0 +1,60 @@
+"""One search run on the tiny model, without Ray."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from autocompress.config import Constraint, LagrangianSettings
+from autocompress.prepare import prepare
+from autocompress.search import run_search, violation
+
+from .conftest import TINY_CPU, compose_spec
+
+
+def test_violation_sign_and_margin() -> None:
+    upper, lower = Constraint("tpot_ms", 10.0), Constraint("throughput_tok_s", 100.0)
+    assert float(violation(upper, torch.tensor(12.0))) == pytest.approx(0.2)
+    assert float(violation(upper, torch.tensor(8.0))) < 0
+    assert float(violation(upper, torch.tensor(9.5), margin=0.1)) > 0  # aims 10% inside the bound
+    assert float(violation(lower, torch.tensor(80.0))) == pytest.approx(0.2)
+    assert float(violation(lower, torch.tensor(120.0))) < 0
+
+
+@pytest.fixture(scope="module")
+def prepared():  # type: ignore[no-untyped-def]
+    spec = compose_spec("+scenario=cpu_interactive", *TINY_CPU)
+    return spec, prepare(spec, progress=False)
+
+
+@pytest.mark.parametrize(
+    "settings", [LagrangianSettings(), LagrangianSettings(dual_lr=0.0, lambda_init=5.0, margin=0.1, seed=3)], ids=["dual", "fixed"]
+)
+def test_search_ends_feasible(prepared, settings: LagrangianSettings) -> None:  # type: ignore[no-untyped-def]
+    spec, p = prepared
+    steps: list[dict[str, float]] = []
+    result = run_search(p.base.model, p.inputs, p.cost_model, spec.search, settings, on_step=steps.append)
+    assert len(steps) == spec.search.steps
+    assert result.all_feasible
+    costs = p.cost_model.predict(result.architecture)
+    assert all(c.satisfied(costs[c.metric]) for c in p.inputs.constraints)
+    assert result.kl >= 0 and result.perplexity > 1
+    if settings.dual_lr == 0:
+        assert all(s[f"lambda_{c.metric}"] == settings.lambda_init for s in steps for c in p.inputs.constraints)
+    else:
+        assert all(s[f"lambda_{c.metric}"] >= 0 for s in steps for c in p.inputs.constraints)
+
+
+def test_each_bound_is_met(prepared) -> None:  # type: ignore[no-untyped-def]
+    spec, p = prepared
+    base_ttft = p.cost_model.predict(p.space.largest())["ttft_ms"]
+    results = []
+    for share in (0.9, 0.5):
+        inputs = dataclasses.replace(p.inputs, constraints=(Constraint("ttft_ms", share * base_ttft),))
+        results.append(run_search(p.base.model, inputs, p.cost_model, spec.search, LagrangianSettings()))
+    loose, tight = results
+    assert loose.all_feasible and tight.all_feasible
+    assert loose.costs["ttft_ms"] <= 0.9 * base_ttft and tight.costs["ttft_ms"] <= 0.5 * base_ttft
+    assert tight.architecture.num_params() <= loose.architecture.num_params()
