@@ -1,0 +1,141 @@
+"""Every shipped config composes; bad input gets one clear message, a non-zero exit, no result files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra.errors import MissingConfigException
+
+from autocompress.config import Constraint, run_spec_from_dict
+from autocompress.errors import ConfigError
+from autocompress.sweep import grid_points, load_definition
+
+from .conftest import CONF, ROOT, TINY_CPU, compose_dict, compose_spec, run_cli
+
+SCENARIOS = sorted(p.stem for p in (CONF / "scenario").glob("*.yaml"))
+HARDWARE = sorted(p.stem for p in (CONF / "hardware").glob("*.yaml"))
+
+
+def test_shipped_scenarios_are_the_documented_ones() -> None:
+    assert SCENARIOS == ["b200_longctx", "cpu_interactive", "h100_batched", "rtx5070_coding", "rtx5080_game"]
+    assert HARDWARE == ["b200", "cpu", "h100_sxm", "h200", "rtx5070", "rtx5080"]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_scenario_composes(scenario: str) -> None:
+    spec = compose_spec(f"+scenario={scenario}")
+    assert spec.scenario.name == scenario
+    assert spec.scenario.constraints and spec.model.name == "smollm2_135m"
+
+
+@pytest.mark.parametrize("hardware", HARDWARE)
+def test_every_hardware_composes(hardware: str) -> None:
+    spec = compose_spec("+scenario=h100_batched", f"hardware={hardware}")
+    assert spec.scenario.hardware.name == hardware
+
+
+@pytest.mark.parametrize("sweep", ["default", "optuna"])
+def test_every_sweep_composes_and_its_definition_loads(sweep: str) -> None:
+    spec = compose_spec("+scenario=h100_batched", f"sweep={sweep}")
+    assert load_definition(spec.sweep.definition)["searcher"] in ("grid", "optuna")
+
+
+def test_documented_overrides() -> None:
+    spec = compose_spec(
+        "+scenario=rtx5070_coding", "results.dir=/tmp/x", "sweep.num_trials=3", "search.steps=5", "model=tiny_llama", "ray.address=auto"
+    )
+    assert (spec.results_dir, spec.sweep.num_trials, spec.search.steps, spec.model.source, spec.sweep.ray_address) == (
+        "/tmp/x",
+        3,
+        5,
+        "tiny",
+        "auto",
+    )
+
+
+def test_relative_and_absolute_constraints() -> None:
+    assert Constraint.parse("tpot_ms", "0.6x") == Constraint("tpot_ms", 0.6, relative=True)
+    assert Constraint.parse("memory_gib", 12) == Constraint("memory_gib", 12.0)
+    assert Constraint("tpot_ms", 0.5, relative=True).resolve({"tpot_ms": 8.0}) == Constraint("tpot_ms", 4.0)
+    assert Constraint("throughput_tok_s", 100).satisfied(120) and not Constraint("tpot_ms", 10).satisfied(11)
+
+
+def test_grid_points_cut_and_cycle() -> None:
+    grid = {"margin": [0.0, 0.1], "dual_lr": [1.0]}
+    assert grid_points(grid, 1, 0) == [{"dual_lr": 1.0, "margin": 0.0, "seed": 0}]
+    assert [p["seed"] for p in grid_points(grid, 5, 7)] == [7, 7, 8, 8, 9]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["workload.concurrency=-1"], "workload.concurrency must be > 0"),
+        (["scenario.constraints.ttft_ms=-2"], "scenario.constraints.ttft_ms must be > 0"),
+        (["scenario.constraints.ttft_ms=fast"], "is not understood"),
+        (["+scenario.constraints.latency=3"], "not a known metric"),
+        (["hardware.peak_tflops=0"], "hardware.peak_tflops must be > 0"),
+        (["hardware.eta_memory=1.5"], "hardware.eta_memory must be in (0, 1]"),
+        (["sweep.num_trials=0"], "sweep.num_trials must be > 0"),
+        (["search.steps=2.5"], "search.steps must be a whole number"),
+        (["workload.context_len=100"], "must be >= prompt_len + output_len"),
+        (["results.run_id=../escape"], "results.run_id"),
+    ],
+)
+def test_bad_values_name_their_key(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        compose_spec("+scenario=h100_batched", *overrides)
+    assert message in str(err.value)
+
+
+def test_missing_scenario_and_unknown_names() -> None:
+    with pytest.raises(ConfigError, match=r"add \+scenario=NAME"):
+        run_spec_from_dict(compose_dict())
+    for overrides in (["+scenario=nope"], ["+scenario=h100_batched", "model=nope"], ["+scenario=h100_batched", "hardware=nope"]):
+        with pytest.raises(MissingConfigException, match="nope"):
+            compose_dict(*overrides)
+    with pytest.raises(ConfigError, match=r"sweep\.definition"):
+        load_definition("nope")
+
+
+# ---------------------------------------------------------------------------------------- CLI
+
+
+def _no_results(tmp: Path) -> None:
+    assert not list(tmp.rglob("*.parquet")), "a failed run must not leave result files"
+
+
+def test_cli_prints_resolved_config() -> None:
+    out = run_cli("autocompress.sweep", "+scenario=h100_batched", "--cfg", "job")
+    assert out.returncode == 0, out.stderr
+    assert "peak_tflops: 989.4" in out.stdout and "throughput_tok_s: 1.5x" in out.stdout
+
+
+def test_cli_unknown_scenario(tmp_path: Path) -> None:
+    out = run_cli("autocompress.sweep", "+scenario=nope", f"results.dir={tmp_path}")
+    assert out.returncode != 0
+    assert "Could not find 'scenario/nope'" in out.stderr and "h100_batched" in out.stderr
+    _no_results(tmp_path)
+
+
+def test_cli_unmeetable_constraint_names_it(tmp_path: Path) -> None:
+    out = run_cli(
+        "autocompress.sweep", "+scenario=cpu_interactive", *TINY_CPU, "scenario.constraints.tpot_ms=0.01x", f"results.dir={tmp_path}"
+    )
+    assert out.returncode == 2
+    assert "constraint tpot_ms <= 0.01x base" in out.stderr and "smallest architecture in the search space reaches tpot_ms" in out.stderr
+    _no_results(tmp_path)
+
+
+def test_cli_negative_value(tmp_path: Path) -> None:
+    out = run_cli("autocompress.sweep", "+scenario=h100_batched", "workload.output_len=-5", f"results.dir={tmp_path}")
+    assert out.returncode == 2 and "error: workload.output_len must be > 0" in out.stderr
+    assert "Traceback" not in out.stderr
+    _no_results(tmp_path)
+
+
+def test_cli_unreachable_ray_address(tmp_path: Path) -> None:
+    out = run_cli("autocompress.sweep", "+scenario=cpu_interactive", *TINY_CPU, "ray.address=127.0.0.1:9", f"results.dir={tmp_path}")
+    assert out.returncode == 2 and "ray.address='127.0.0.1:9' is unreachable" in out.stderr
+    assert not any(tmp_path.iterdir())
+    assert (ROOT / "conf").exists()

@@ -1,0 +1,55 @@
+"""A 2-trial sweep of the tiny model on local Ray writes both Parquet files with the documented columns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from autocompress import results
+from autocompress.results import FRONT_COLUMNS, TRIAL_SCHEMA
+
+from .conftest import TINY_CPU, run_cli
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("sweep", ["default", "optuna"])
+def test_two_trial_sweep_writes_parquet(tmp_path: Path, sweep: str) -> None:
+    out = run_cli(
+        "autocompress.sweep",
+        "+scenario=cpu_interactive",
+        *TINY_CPU,
+        f"sweep={sweep}",
+        "sweep.num_trials=2",
+        f"results.dir={tmp_path}",
+        "results.run_id=test",
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = tmp_path / "cpu_interactive" / "test"
+    assert f"trials: {run / 'trials.parquet'}" in out.stdout and f"pareto: {run / 'pareto.parquet'}" in out.stdout
+    trials = pd.read_parquet(run / "trials.parquet")
+    pareto = pd.read_parquet(run / "pareto.parquet")
+    assert list(trials.columns) == list(TRIAL_SCHEMA)
+    assert list(pareto.columns) == list(TRIAL_SCHEMA) + FRONT_COLUMNS
+    assert len(trials) == 2 and (trials["status"] == "ok").all(), trials[["status", "error"]]
+    assert trials["trial_id"].is_unique and trials["cost_model"].eq("analytic/cpu/v1").all()
+    # every trial marked feasible meets every constraint under the cost model that judged it
+    meta = json.loads((run / "metadata.json").read_text())
+    assert meta["status"] == "complete"
+    assert meta["git_sha"] is None or isinstance(meta["git_sha"], str)
+    for _, row in trials[trials["feasible"]].iterrows():
+        for metric, bound in meta["constraints"].items():
+            value = row[metric]
+            assert value <= bound["value"] * (1 + 1e-9) if bound["sense"] == "max" else value >= bound["value"] * (1 - 1e-9)
+    assert set(pareto["trial_id"]) <= set(trials.loc[trials["feasible"], "trial_id"])
+    loaded_trials, loaded_pareto = results.load(run)
+    assert len(loaded_trials) == 2 and len(loaded_pareto) == len(pareto)
+    assert (run / "config.yaml").read_text().count("cpu_interactive") >= 1
+
+
+def test_existing_run_id_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "cpu_interactive" / "taken").mkdir(parents=True)
+    out = run_cli("autocompress.sweep", "+scenario=cpu_interactive", *TINY_CPU, f"results.dir={tmp_path}", "results.run_id=taken")
+    assert out.returncode == 2 and "already exists" in out.stderr
