@@ -19,6 +19,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from autocompress import __version__
+from autocompress.compose import plain
 from autocompress.config import METRICS, Constraint, LagrangianSettings, RunSpec, run_spec_from_dict
 from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.pareto import COST_DIRECTIONS, pareto_frame
@@ -292,22 +293,11 @@ def print_summary(trials: Any, pareto: Any, run_dir: Path) -> None:
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
-        spec = run_spec_from_dict(_plain(cfg))
+        spec = run_spec_from_dict(plain(cfg))
         run_sweep(spec, OmegaConf.to_yaml(cfg, resolve=True))
     except AutoCompressError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-
-
-def _plain(cfg: DictConfig) -> dict[str, Any]:
-    """The composed config as plain data; `ray.address` folds into the sweep section."""
-    try:
-        data: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[assignment]
-    except Exception as exc:
-        raise ConfigError(f"incomplete configuration: {exc}") from exc
-    ray_cfg = data.pop("ray", None) or {}
-    data.setdefault("sweep", {})["ray_address"] = ray_cfg.get("address")
-    return data
 
 
 if __name__ == "__main__":

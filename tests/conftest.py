@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from autocompress.arch import Architecture, SearchSpace
-from autocompress.config import ModelSpec, RunSpec, SpaceSpec, run_spec_from_dict
+from autocompress.compose import compose_dict, compose_spec
+from autocompress.config import ModelSpec, SpaceSpec
 from autocompress.models import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
+__all__ = ["compose_dict", "compose_spec"]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
 # a tiny model, a space with several options per decision, constraints it can meet, a fast search
@@ -34,18 +34,6 @@ TINY = [
     "data.heldout_sequences=4",
 ]
 TINY_CPU = [*TINY, "scenario.constraints.tpot_ms=0.97x", "scenario.constraints.ttft_ms=0.9x"]
-
-
-def compose_dict(*overrides: str) -> dict[str, Any]:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=list(overrides))
-    data: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-    data.setdefault("sweep", {})["ray_address"] = (data.pop("ray", None) or {}).get("address")
-    return data
-
-
-def compose_spec(*overrides: str) -> RunSpec:
-    return run_spec_from_dict(compose_dict(*overrides))
 
 
 def run_cli(module: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

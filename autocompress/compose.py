@@ -1,0 +1,36 @@
+"""Compose the project's Hydra config outside `@hydra.main` (benchmarks, tests, notebooks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from autocompress.config import RunSpec, run_spec_from_dict
+from autocompress.errors import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def plain(cfg: DictConfig) -> dict[str, Any]:
+    """The composed config as plain data; `ray.address` folds into the sweep section."""
+    try:
+        data: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[assignment]
+    except Exception as exc:
+        raise ConfigError(f"incomplete configuration: {exc}") from exc
+    ray_cfg = data.pop("ray", None) or {}
+    data.setdefault("sweep", {})["ray_address"] = ray_cfg.get("address")
+    return data
+
+
+def compose_dict(*overrides: str) -> dict[str, Any]:
+    """The config `python -m autocompress.sweep OVERRIDES...` would see, as plain data."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return plain(compose("config", overrides=list(overrides)))
+
+
+def compose_spec(*overrides: str) -> RunSpec:
+    return run_spec_from_dict(compose_dict(*overrides))
