@@ -34,3 +34,13 @@ def compose_dict(*overrides: str) -> dict[str, Any]:
 
 def compose_spec(*overrides: str) -> RunSpec:
     return run_spec_from_dict(compose_dict(*overrides))
+
+
+def run_spec_of(run_dir: str | Path) -> RunSpec:
+    """The RunSpec a finished sweep ran with (from its config.yaml)."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist; give a sweep run folder (results/<scenario>/<run_id>)")
+    cfg = OmegaConf.load(path)
+    assert isinstance(cfg, DictConfig)
+    return run_spec_from_dict(plain(cfg))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,6 +29,21 @@ class Ranking:
 
     hidden: torch.Tensor  # [d] channel ids
     ffn: torch.Tensor  # [L, i] neuron ids per layer
+
+    def save(self, path: Path) -> None:
+        """Write to `path` (safetensors) atomically."""
+        from safetensors.torch import save_file
+
+        tmp = path.with_name(f".{path.name}.tmp")
+        save_file({"hidden": self.hidden.contiguous(), "ffn": self.ffn.contiguous()}, str(tmp))
+        tmp.replace(path)
+
+    @staticmethod
+    def load(path: Path) -> Ranking:
+        from safetensors.torch import load_file
+
+        data = load_file(str(path))
+        return Ranking(hidden=data["hidden"], ffn=data["ffn"])
 
 
 @dataclass

@@ -227,6 +227,7 @@ def run_sweep(spec: RunSpec, config_yaml: str) -> Path:
     prepared: Prepared = prepare(spec)
     run_dir.mkdir(parents=True)
     write_text(config_yaml, run_dir / "config.yaml")
+    prepared.inputs.ranking.save(run_dir / "ranking.safetensors")  # export slices weights in this order
     meta: dict[str, Any] = {
         "status": "running",
         "started": dt.datetime.now().isoformat(timespec="seconds"),

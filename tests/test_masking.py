@@ -101,3 +101,12 @@ def test_soft_masks_carry_gradients(tiny_model: Any, tiny_space: SearchSpace, to
     tiny_model(tokens).logits.pow(2).mean().backward()
     masked.remove()
     assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in logits)
+
+
+def test_ranking_round_trips(tiny_model: Any, tokens: torch.Tensor, tmp_path: Any) -> None:
+    from autocompress.masking import Ranking
+
+    ranking = rank_units(tiny_model, tokens, progress=False)
+    ranking.save(tmp_path / "ranking.safetensors")
+    again = Ranking.load(tmp_path / "ranking.safetensors")
+    assert torch.equal(again.hidden, ranking.hidden) and torch.equal(again.ffn, ranking.ffn)

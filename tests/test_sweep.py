@@ -9,6 +9,8 @@ import pandas as pd
 import pytest
 
 from autocompress import results
+from autocompress.compose import run_spec_of
+from autocompress.masking import Ranking
 from autocompress.results import FRONT_COLUMNS, TRIAL_SCHEMA
 
 from .conftest import TINY_CPU, run_cli
@@ -46,7 +48,8 @@ def test_two_trial_sweep_writes_parquet(tmp_path: Path, sweep: str) -> None:
     assert set(pareto["trial_id"]) <= set(trials.loc[trials["feasible"], "trial_id"])
     loaded_trials, loaded_pareto = results.load(run)
     assert len(loaded_trials) == 2 and len(loaded_pareto) == len(pareto)
-    assert (run / "config.yaml").read_text().count("cpu_interactive") >= 1
+    assert run_spec_of(run).scenario.name == "cpu_interactive"
+    assert Ranking.load(run / "ranking.safetensors").hidden.shape == (64,)
 
 
 def test_existing_run_id_is_refused(tmp_path: Path) -> None:
