@@ -51,6 +51,30 @@ def sliced_layers(model: Any, arch: Architecture, ranking: Ranking) -> tuple[dic
     return glob, layers
 
 
+LAYER_NAMES = {
+    "input_norm": "input_layernorm.weight",
+    "q": "self_attn.q_proj.weight",
+    "k": "self_attn.k_proj.weight",
+    "v": "self_attn.v_proj.weight",
+    "o": "self_attn.o_proj.weight",
+    "post_norm": "post_attention_layernorm.weight",
+    "gate": "mlp.gate_proj.weight",
+    "up": "mlp.up_proj.weight",
+    "down": "mlp.down_proj.weight",
+}
+
+
+def pruned_state_dict(model: Any, arch: Architecture, ranking: Ranking) -> dict[str, torch.Tensor]:
+    """The pruned weights under Llama's parameter names (which DeciLM and vLLM read too); no tied LM head."""
+    glob, layers = sliced_layers(model, arch, ranking)
+    state = {"model.embed_tokens.weight": glob["embed"], "model.norm.weight": glob["norm"]}
+    if "lm_head" in glob:
+        state["lm_head.weight"] = glob["lm_head"]
+    for idx, tensors in enumerate(layers):
+        state |= {f"model.layers.{idx}.{LAYER_NAMES[key]}": t for key, t in tensors.items()}
+    return {k: v.detach().clone().contiguous() for k, v in state.items()}
+
+
 def to_llama(model: Any, arch: Architecture, ranking: Ranking) -> Any:
     """A plain LlamaForCausalLM with the pruned weights of a homogeneous architecture (no no-op blocks)."""
     from transformers import LlamaConfig, LlamaForCausalLM
