@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from autocompress.arch import Architecture, SearchSpace
 from autocompress.config import Constraint, LagrangianSettings, SearchSpec
@@ -106,17 +107,42 @@ def evaluate(
     return kl_sum / n_kl, math.exp(nll_sum / n_nll)
 
 
+Move = tuple[int, list[int], list[int]]  # option indices: hidden, attention per layer, FFN per layer
+
+
+def _downgrades(idx: Move, logp: list[torch.Tensor]) -> list[tuple[Move, float]]:
+    """Every single-decision downgrade of `idx`, with the log-probability it gives up."""
+    h, att, ffn = idx
+    moves: list[tuple[Move, float]] = []
+    if h > 0:
+        moves.append(((h - 1, att, ffn), float(logp[0][h] - logp[0][h - 1])))
+    for layer in range(len(att)):
+        if att[layer] > 0:
+            a2 = att.copy()
+            a2[layer] -= 1
+            moves.append(((h, a2, ffn), float(logp[1][layer, att[layer]] - logp[1][layer, a2[layer]])))
+        if ffn[layer] > 0:
+            f2 = ffn.copy()
+            f2[layer] -= 1
+            moves.append(((h, att, f2), float(logp[2][layer, ffn[layer]] - logp[2][layer, f2[layer]])))
+    return moves
+
+
 def repair(
     arch: Architecture,
     space: SearchSpace,
     cost_model: CostModel,
     constraints: tuple[Constraint, ...],
     logits: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    quality: Callable[[Architecture], float] | None = None,
+    candidates: int = 3,
 ) -> tuple[Architecture, int]:
     """Downgrade one decision at a time until every constraint holds.
 
-    Each step takes the single-decision downgrade with the largest drop in total violation per unit
-    of log-probability given up under the search's final distributions.
+    Moves are ranked by the drop in total violation per unit of log-probability given up under the
+    search's final distributions; with `quality` (KL on a few calibration sequences), the best
+    `candidates` of them are measured and the one losing the least quality per unit of violation
+    removed is taken (log-probabilities alone undervalue a global decision such as the hidden size).
     """
     logp = [torch.log_softmax(t.detach(), dim=-1) for t in logits]
 
@@ -124,31 +150,24 @@ def repair(
         costs = cost_model.predict(a)
         return sum(max(0.0, float(violation(c, torch.tensor(costs[c.metric])))) for c in constraints)
 
+    idx: Move = space.indices(arch)
     current, steps = total_violation(arch), 0
-    idx = space.indices(arch)
+    base_quality = quality(arch) if quality is not None and current > 1e-9 else 0.0
     while current > 1e-9:
-        h, att, ffn = idx
-        moves: list[tuple[tuple[int, list[int], list[int]], float]] = []
-        if h > 0:
-            moves.append(((h - 1, att, ffn), float(logp[0][h] - logp[0][h - 1])))
-        for layer in range(space.num_layers):
-            if att[layer] > 0:
-                a2 = att.copy()
-                a2[layer] -= 1
-                moves.append(((h, a2, ffn), float(logp[1][layer, att[layer]] - logp[1][layer, a2[layer]])))
-            if ffn[layer] > 0:
-                f2 = ffn.copy()
-                f2[layer] -= 1
-                moves.append(((h, att, f2), float(logp[2][layer, ffn[layer]] - logp[2][layer, f2[layer]])))
-        if not moves:
-            break
         scored = []
-        for move, cost in moves:
+        for move, cost in _downgrades(idx, logp):
             gain = current - total_violation(space.architecture(*move))
-            scored.append((gain / (max(cost, 0.0) + 1e-3), gain, move))
-        _, gain, move = max(scored, key=lambda s: (s[0], s[1]))
-        if gain <= 0:
+            if gain > 0:
+                scored.append((gain / (max(cost, 0.0) + 1e-3), gain, move))
+        if not scored:
             break
+        scored.sort(key=lambda s: (s[0], s[1]), reverse=True)
+        if quality is None:
+            _, gain, move = scored[0]
+        else:
+            measured = [((quality(space.architecture(*m)) - base_quality) / g, g, m) for _, g, m in scored[:candidates]]
+            _, gain, move = min(measured, key=lambda s: s[0])
+            base_quality = quality(space.architecture(*move))
         idx, current, steps = move, current - gain, steps + 1
     return space.architecture(*idx), steps
 
@@ -160,8 +179,12 @@ def run_search(
     spec: SearchSpec,
     settings: LagrangianSettings,
     on_step: Callable[[dict[str, float]], None] | None = None,
+    progress: bool = False,
 ) -> SearchResult:
-    """Search one architecture for the given Lagrangian settings; weights stay frozen."""
+    """Search one architecture for the given Lagrangian settings; weights stay frozen.
+
+    `progress` shows a bar with loss, KL, multipliers and expected costs (off inside Ray trials).
+    """
     start = time.time()
     space, cons = inputs.space, inputs.constraints
     gen = torch.Generator().manual_seed(settings.seed)
@@ -177,7 +200,8 @@ def run_search(
     masked = MaskedModel(model, space, inputs.ranking)
     history: list[dict[str, float]] = []
     try:
-        for step in range(spec.steps):
+        bar = tqdm(range(spec.steps), desc="search", disable=not progress, dynamic_ncols=True)
+        for step in bar:
             tau = settings.tau_start * (settings.tau_end / settings.tau_start) ** (step / max(1, spec.steps - 1))
             rows = torch.randint(len(inputs.calib), (spec.batch_size,), generator=gen)
             masked.set(*(relaxed_sample(t, tau, gen, spec.straight_through) for t in logits))
@@ -195,12 +219,18 @@ def run_search(
             record.update({f"lambda_{c.metric}": float(lam) for c, lam in zip(cons, lambdas, strict=True)})
             record.update({f"expected_{k}": float(v.detach()) for k, v in costs.items()})
             history.append(record)
+            bar.set_postfix({k.removeprefix("expected_"): f"{v:.3g}" for k, v in record.items() if k not in ("step", "tau")}, refresh=False)
             if on_step is not None:
                 on_step(record)
         masked.clear()
         h, att, ffn = (t.detach().argmax(-1) for t in logits)
         arch = space.architecture(int(h), att.tolist(), ffn.tolist())
-        arch, repairs = repair(arch, space, cost_model, cons, (logits[0], logits[1], logits[2]))
+        probe = inputs.calib[:1], inputs.teacher_calib[:1]  # the same sequence for every candidate
+
+        def quality(a: Architecture) -> float:
+            return evaluate(model, masked, a, *probe)[0]
+
+        arch, repairs = repair(arch, space, cost_model, cons, (logits[0], logits[1], logits[2]), quality)
         held = inputs.heldout[: spec.eval_sequences]
         kl_held, ppl = evaluate(model, masked, arch, held, inputs.teacher_heldout[: spec.eval_sequences])
     finally:

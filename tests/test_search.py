@@ -58,3 +58,29 @@ def test_each_bound_is_met(prepared) -> None:  # type: ignore[no-untyped-def]
     assert loose.all_feasible and tight.all_feasible
     assert loose.costs["ttft_ms"] <= 0.9 * base_ttft and tight.costs["ttft_ms"] <= 0.5 * base_ttft
     assert tight.architecture.num_params() <= loose.architecture.num_params()
+
+
+def test_repair_reaches_feasibility_and_follows_measured_quality() -> None:
+    from autocompress.arch import Architecture, SearchSpace
+    from autocompress.config import Hardware, SpaceSpec, Workload
+    from autocompress.cost import AnalyticCostModel
+    from autocompress.search import repair
+
+    from .test_arch import SMOLLM2
+
+    space = SearchSpace.from_base(Architecture.from_llama_config(SMOLLM2), SpaceSpec())
+    cm = AnalyticCostModel(
+        space,
+        Hardware(name="h", peak_tflops=989.4, mem_bandwidth_gbs=3350, memory_gib=74.5),
+        Workload(name="w", prompt_len=1024, output_len=256, concurrency=256, context_len=4096),
+    )
+    bound = (Constraint("ttft_ms", 0.8 * cm.predict(space.largest())["ttft_ms"]),)
+    flat = (torch.zeros(len(space.hidden)), torch.zeros(30, len(space.attention)), torch.zeros(30, len(space.ffn)))
+    fixed, steps = repair(space.largest(), space, cm, bound, flat)
+    assert steps > 0 and bound[0].satisfied(cm.predict(fixed)["ttft_ms"])
+
+    def quality(a: Architecture) -> float:  # pruning the hidden size is ruinous, FFN width cheap
+        return 100.0 * (a.hidden_size < 576) + sum(1536 - b.ffn for b in a.blocks) / 1e4
+
+    kept, _ = repair(space.largest(), space, cm, bound, flat, quality=quality, candidates=len(space.ffn) * 30 + 1)
+    assert kept.hidden_size == 576 and bound[0].satisfied(cm.predict(kept)["ttft_ms"])
