@@ -8,14 +8,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from autocompress.arch import Architecture
-from autocompress.config import Constraint
+from autocompress.config import Constraint, RunSpec
 from autocompress.cost import COST_KEYS
+from autocompress.errors import AutoCompressError
 
 # column -> (dtype, meaning); the README documents the same schema
 TRIAL_SCHEMA: dict[str, tuple[str, str]] = {
@@ -111,9 +113,130 @@ def write_json(data: Mapping[str, Any], path: Path) -> Path:
 
 
 def load(run_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(trials, pareto) DataFrames of one sweep run folder."""
+    """(trials, pareto) DataFrames of one sweep run folder, with the documented dtypes (see `load_run` for all of it)."""
+    return load_trials(run_dir), load_pareto(run_dir)
+
+
+# --------------------------------------------------------------------------- typed readers of a finished run
+
+
+class RunFolderError(AutoCompressError, FileNotFoundError):
+    """A folder that is not a finished sweep run (also a FileNotFoundError, as `load` always raised)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One finished sweep run: its trials, Pareto points, metadata.json and (when it still parses) its RunSpec."""
+
+    path: Path
+    trials: pd.DataFrame
+    pareto: pd.DataFrame
+    metadata: dict[str, Any]
+    spec: RunSpec | None
+
+    @property
+    def scenario(self) -> str:
+        return str(self.metadata.get("scenario") or self.path.parent.name)
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    @property
+    def label(self) -> str:
+        """`scenario/run_id`, how reports name the run."""
+        return f"{self.scenario}/{self.run_id}"
+
+    @property
+    def base_costs(self) -> dict[str, float]:
+        """The unpruned model's predicted costs."""
+        return {k: float(v) for k, v in (self.metadata.get("base_costs") or {}).items()}
+
+    @property
+    def constraints(self) -> dict[str, Constraint]:
+        """metric -> absolute bound, as the sweep resolved it."""
+        raw = self.metadata.get("constraints") or {}
+        return {m: Constraint(m, float(b["value"])) for m, b in raw.items()}
+
+
+def typed(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with the documented dtypes on the schema's columns (front_* as bool); other columns untouched."""
+    out = df.copy()
+    for col, (dtype, _) in TRIAL_SCHEMA.items():
+        if col in out.columns and str(out[col].dtype) != dtype:
+            out[col] = out[col].astype(dtype)
+    for col in FRONT_COLUMNS:
+        if col in out.columns:
+            out[col] = out[col].fillna(False).astype(bool)
+    return out
+
+
+def load_metadata(run_dir: str | Path) -> dict[str, Any]:
+    """metadata.json of a finished run; RunFolderError naming the problem and the fix otherwise."""
     run = Path(run_dir)
-    for name in ("trials.parquet", "pareto.parquet"):
-        if not (run / name).exists():
-            raise FileNotFoundError(f"{run / name} does not exist; is {run} a finished sweep run?")
-    return pd.read_parquet(run / "trials.parquet"), pd.read_parquet(run / "pareto.parquet")
+    if not run.is_dir():
+        raise RunFolderError(f"{run} is not a folder; give a sweep run folder (results/<scenario>/<run_id>)")
+    path = run / "metadata.json"
+    if not path.exists():
+        raise RunFolderError(f"{path} does not exist; give a sweep run folder (results/<scenario>/<run_id>), not its parent")
+    try:
+        meta: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise RunFolderError(f"{path} is unreadable ({exc}); rerun the sweep") from exc
+    status = meta.get("status")
+    if status == "running":
+        raise RunFolderError(f"{run} is not finished (status running); wait for the sweep, or rerun it if it was killed")
+    if status != "complete":
+        error = meta.get("error", "no error recorded")
+        raise RunFolderError(f"{run} did not finish (status {status}: {error}); fix the cause and rerun the sweep")
+    return meta
+
+
+def _read_parquet(run: Path, name: str) -> pd.DataFrame:
+    path = run / name
+    if not path.exists():
+        raise RunFolderError(f"{path} does not exist; is {run} a finished sweep run? Rerun the sweep")
+    return typed(pd.read_parquet(path))
+
+
+def load_trials(run_dir: str | Path) -> pd.DataFrame:
+    """trials.parquet with the documented dtypes (one row per trial)."""
+    return _read_parquet(Path(run_dir), "trials.parquet")
+
+
+def load_pareto(run_dir: str | Path) -> pd.DataFrame:
+    """pareto.parquet with the documented dtypes (the trial columns plus front_*)."""
+    return _read_parquet(Path(run_dir), "pareto.parquet")
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Everything a finished run folder holds, checked: RunFolderError if it is not a finished run."""
+    from autocompress.compose import run_spec_of  # hydra/omegaconf only when a run is read
+
+    run = Path(run_dir).resolve()
+    meta = load_metadata(run)
+    trials, pareto = load_trials(run), load_pareto(run)
+    try:
+        spec: RunSpec | None = run_spec_of(run)
+    except AutoCompressError:
+        spec = None  # an older config.yaml: metadata.json still holds what a report needs
+    return Run(path=run, trials=trials, pareto=pareto, metadata=meta, spec=spec)
+
+
+def layers(df: pd.DataFrame) -> pd.DataFrame:
+    """Per-layer long form of the `architecture` column: one row per (trial, layer).
+
+    Columns: trial_id, layer, hidden_size, kv_heads (0 = no-op attention), ffn (0 = no-op FFN),
+    attention_kept, ffn_kept.
+    """
+    rows = []
+    for trial_id, text in zip(df["trial_id"], df["architecture"], strict=True):
+        if pd.isna(text) or not text:
+            continue  # a failed trial has no architecture
+        arch = Architecture.from_json(str(text))
+        for i, b in enumerate(arch.blocks):
+            rows.append((trial_id, i, arch.hidden_size, b.kv_heads, b.ffn, b.kv_heads > 0, b.ffn > 0))
+    columns = ["trial_id", "layer", "hidden_size", "kv_heads", "ffn", "attention_kept", "ffn_kept"]
+    dtypes = ["string", "int64", "int64", "int64", "int64", "bool", "bool"]
+    out = pd.DataFrame(rows, columns=columns)
+    return out.astype(dict(zip(columns, dtypes, strict=True)))
