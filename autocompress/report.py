@@ -1,0 +1,228 @@
+"""`python -m autocompress.report RUN_DIR [RUN_DIR ...] [--out DIR]`: a Markdown report with PNG figures, and the key table.
+
+One run: RUN_DIR/report/. Several runs (of one scenario or several): a `report/` folder beside
+them, under their common parent. Every file is written to a temporary name and renamed, and
+report.md is written last, so a report folder never holds half a report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from autocompress.errors import AutoCompressError
+from autocompress.figures import (
+    COST_LABELS,
+    compare_architectures,
+    cost_name,
+    cost_unit,
+    fmt_params,
+    is_baseline,
+    pareto_info,
+    pareto_table,
+    quality_label,
+    quality_metrics,
+    run_architectures,
+    summary_table,
+)
+from autocompress.pareto import COST_DIRECTIONS
+from autocompress.plots import plot_architectures, plot_pareto, save
+from autocompress.results import Run, RunFolderError, load_run, write_text
+
+OPS = {"max": "≤", "min": "≥"}
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def fmt_value(v: object) -> str:
+    """Four significant digits for floats, thousands separators for big ones, blanks for missing."""
+    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:,.0f}" if abs(v) >= 10_000 else f"{v:.4g}"
+    return str(v)
+
+
+def display(table: pd.DataFrame) -> pd.DataFrame:
+    """A table as strings with readable headers (params in millions)."""
+    out = table.copy().astype(object)
+    if "params" in out:
+        out["params"] = [fmt_params(p) for p in out["params"]]
+    for col in [c for c in out.columns if c.endswith("_share")]:
+        out[col] = [f"{v:.2f}x" if isinstance(v, float) and not math.isnan(v) else "" for v in out[col]]
+    headers = {
+        **{c: COST_LABELS[c] for c in COST_DIRECTIONS},
+        **{f"measured_{c}": f"measured {COST_LABELS[c]}" for c in COST_DIRECTIONS},
+        **{f"{c}_share": cost_name(c) for c in COST_DIRECTIONS},
+        "params_share": "params",
+        "num_attention_kept": "attn kept",
+        "num_ffn_kept": "ffn kept",
+        "hidden_size": "hidden",
+        "best_kl": "best KL",
+        "on_front": "on front",
+        "kl": "KL",
+    }
+    out = out.rename(columns=headers)
+    return out.map(fmt_value) if hasattr(out, "map") else out.applymap(fmt_value)
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    shown = display(table)
+    lines = ["| " + " | ".join(shown.columns) + " |", "|" + "---|" * len(shown.columns)]
+    lines += ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in shown.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def terminal_table(table: pd.DataFrame) -> str:
+    return display(table).to_string(index=False) if len(table) else "(no feasible trial on a front)"
+
+
+# --------------------------------------------------------------------------- one run
+
+
+def describe_run(run: Run) -> list[str]:
+    """Markdown lines: what the run optimised for and how its trials ended."""
+    meta, spec = run.metadata, run.spec
+    lines = []
+    if spec is not None:
+        w = spec.scenario.workload
+        lines.append(
+            f"- deployment: {spec.scenario.hardware.name}, workload {w.name} (prompt {w.prompt_len}, output {w.output_len}, "
+            f"concurrency {w.concurrency}, {w.dtype})"
+        )
+    base_params = meta.get("base_params")
+    size = f" ({base_params / 1e6:.1f}M parameters)" if base_params else ""
+    cost_model = f"; cost model {meta['cost_model']}" if meta.get("cost_model") else ""
+    lines.append(f"- model: {meta.get('model', '?')}{size}{cost_model}")
+    bounds = []
+    for metric, c in run.constraints.items():
+        base = run.base_costs.get(metric)
+        share = f" ({c.value / base:.2f}x base)" if base else ""
+        bounds.append(f"{cost_name(metric)} {OPS[c.sense]} {fmt_value(c.value)} {cost_unit(metric)}{share}")
+    lines.append(f"- constraints (predicted costs): {'; '.join(bounds) or 'none'}")
+    lines.append(f"- {_counts(run)}")
+    return lines
+
+
+def _counts(run: Run) -> str:
+    t = run.trials[~is_baseline(run.trials)]
+    ok = t[t["status"] == "ok"]
+    on_front = int((~is_baseline(run.pareto)).sum())
+    text = f"trials: {len(t)}, finished {len(ok)}, feasible {int(ok['feasible'].sum())}, on a Pareto front {on_front}"
+    errors = t[t["status"] != "ok"]
+    if len(errors):
+        first = str(errors["error"].iloc[0]).strip().splitlines()[-1:] or [""]
+        text += f"; {len(errors)} failed (last line of the first error: `{first[0][:200]}`)"
+    return text
+
+
+def draw_run(run: Run, out: Path, prefix: str) -> list[tuple[str, Path]]:
+    """The run's figures: quality against every cost (one figure per quality metric), per-layer architectures."""
+    written = []
+    for quality in quality_metrics(run.trials):
+        infos = [pareto_info(run, quality, cost) for cost in COST_DIRECTIONS]
+        fig = plot_pareto(infos, f"{run.label}: {quality_label(quality)} against predicted cost")
+        written.append((f"{quality_label(quality)} against each cost", save(fig, out / f"{prefix}pareto_{quality}.png")))
+    arch = run_architectures(run)
+    if arch.labels:
+        fig = plot_architectures(arch, f"{run.label}: architectures on the joint Pareto front, best KL first")
+        written.append(("per-layer architecture of the Pareto points", save(fig, out / f"{prefix}architectures.png")))
+    return written
+
+
+def run_section(run: Run, figures: list[tuple[str, Path]], out: Path) -> str:
+    lines = [f"## {run.label}", "", *describe_run(run), "", "Points on the joint Pareto front (KL against every cost), best KL first:", ""]
+    table = pareto_table(run)
+    lines.append(markdown_table(table) if len(table) else "_No feasible trial: relax the constraints or widen the sweep._")
+    for caption, path in figures:
+        lines += ["", f"![{caption}]({path.relative_to(out).as_posix()})"]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def default_out(runs: Sequence[Run]) -> Path:
+    """RUN_DIR/report for one run; a `report` folder under the runs' common parent for several."""
+    if len(runs) == 1:
+        return runs[0].path / "report"
+    return Path(os.path.commonpath([str(r.path.parent) for r in runs])) / "report"
+
+
+def slug(run: Run) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{run.scenario}_{run.run_id}") + "_"
+
+
+def write_report(runs: Sequence[Run], out: Path) -> Path:
+    """Figures, then report.md; returns the path of report.md."""
+    if out.exists() and not out.is_dir():
+        raise RunFolderError(f"--out {out} is a file; give a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    many = len(runs) > 1
+    sections = [run_section(run, draw_run(run, out, slug(run) if many else ""), out) for run in runs]
+    head = ["# AutoCompress report", "", "Runs: " + ", ".join(f"`{r.path}`" for r in runs), ""]
+    if many:
+        head += summary_section(runs, out)
+    return write_text("\n".join(head) + "\n" + "\n\n".join(sections) + "\n", out / "report.md")
+
+
+def summary_section(runs: Sequence[Run], out: Path) -> list[str]:
+    """Markdown lines across runs: the summary table and the chosen architectures side by side."""
+    lines = ["## Summary", "", "The chosen point of each run (feasible, lowest KL), costs relative to its base model:", ""]
+    lines += [markdown_table(summary_table(runs)), ""]
+    compare = compare_architectures(runs)
+    if compare.labels:
+        fig = plot_architectures(compare, "chosen architecture of each run (feasible, lowest KL)")
+        lines += [f"![chosen architectures side by side]({save(fig, out / 'compare_architectures.png').name})", ""]
+    return lines
+
+
+def key_tables(runs: Sequence[Run]) -> str:
+    """What the terminal shows: the summary across runs (when several), then each run's Pareto points."""
+    parts = []
+    if len(runs) > 1:
+        parts.append("summary (chosen point of each run, costs relative to its base model):\n" + terminal_table(summary_table(runs)))
+    for run in runs:
+        parts.append(f"{run.label}: joint Pareto front, best KL first\n{terminal_table(pareto_table(run))}")
+    return "\n\n".join(parts)
+
+
+def without_reports(paths: Sequence[Path]) -> list[Path]:
+    """The paths minus earlier report folders (a glob such as results/<scenario>/* matches them too)."""
+    reports = [p for p in paths if (p / "report.md").exists() and not (p / "metadata.json").exists()]
+    if reports:
+        print(f"skipping report folders: {', '.join(map(str, reports))}", file=sys.stderr)
+    runs = [p for p in paths if p not in reports]
+    if not runs:
+        raise RunFolderError("only report folders were given; give sweep run folders: results/<scenario>/<run_id>")
+    return runs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autocompress.report", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dirs", nargs="+", type=Path, help="sweep run folders: results/<scenario>/<run_id>")
+    parser.add_argument("--out", type=Path, default=None, help="report folder (default: RUN_DIR/report, or report/ beside several runs)")
+    args = parser.parse_args(argv)
+    try:
+        runs = list({r.path: r for r in (load_run(p) for p in without_reports(args.run_dirs))}.values())
+        report = write_report(runs, (args.out or default_out(runs)).resolve())
+    except AutoCompressError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(key_tables(runs))
+    print(f"\nreport: {report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
