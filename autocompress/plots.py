@@ -77,9 +77,11 @@ def _draw_pareto(ax: Any, info: ParetoInfo) -> dict[str, Any]:
 def _label_front(ax: Any, info: ParetoInfo) -> None:
     """Point names beside the front's points, on their left near the right edge so that they stay inside."""
     lo, hi = ax.get_xlim()
+    falling = info.lower_cost_is_better == info.lower_quality_is_better  # the front runs from upper left to lower right
     for _, p in info.front_labels.iterrows():
         right_edge = hi > lo and (p["cost"] - lo) / (hi - lo) > 0.85
-        offset, ha = ((-5, 4), "right") if right_edge else ((4, 4), "left")
+        above = falling != right_edge  # the side of the point away from the front line
+        offset, ha = ((-5 if right_edge else 5), 4 if above else -10), ("right" if right_edge else "left")
         ax.annotate(
             p["label"], (p["cost"], p["quality"]), xytext=offset, textcoords="offset points", ha=ha, fontsize=7, color=COLORS["front"]
         )
