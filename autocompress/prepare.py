@@ -14,8 +14,9 @@ from autocompress.cost import CostModel, get_cost_model
 from autocompress.data import load_token_data
 from autocompress.errors import InfeasibleError
 from autocompress.importance import rank_units, teacher_hidden
+from autocompress.masking import MaskedModel
 from autocompress.models import BaseModel, load_base_model
-from autocompress.search import SearchInputs
+from autocompress.search import SearchInputs, evaluate
 
 
 @dataclass
@@ -24,6 +25,7 @@ class Prepared:
     space: SearchSpace
     cost_model: CostModel
     base_costs: dict[str, float]
+    base_perplexity: float  # held-out perplexity of the unpruned model, on the tokens trials use
     inputs: SearchInputs
 
 
@@ -81,5 +83,10 @@ def prepare(spec: RunSpec, progress: bool = True) -> Prepared:
         teacher_heldout=held_hidden.to(torch.float32),
         constraints=constraints,
     )
-    log(f"prepared in {time.time() - start:.0f}s")
-    return Prepared(base_model, space, cost_model, base_costs, inputs)
+    n_eval = spec.search.eval_sequences
+    masked = MaskedModel(model, space, ranking)
+    _, base_ppl = evaluate(model, masked, None, data.heldout[:n_eval], held_hidden[:n_eval])
+    masked.remove()
+    log(f"prepared in {time.time() - start:.0f}s; base model held-out perplexity {base_ppl:.2f}")
+    return Prepared(base_model, space, cost_model, base_costs, base_ppl, inputs)
+

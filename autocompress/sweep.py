@@ -239,6 +239,9 @@ def run_sweep(spec: RunSpec, config_yaml: str) -> Path:
         "base_costs": prepared.base_costs,
         "constraints": {c.metric: {"sense": c.sense, "value": c.value} for c in prepared.inputs.constraints},
         "base_params": prepared.space.base.num_params(),
+        "base_architecture": prepared.space.base.to_json(),
+        "base_perplexity": prepared.base_perplexity,
+        "base_kl": 0.0,
         "sweep_definition": definition,
     }
     write_json(meta, run_dir / "metadata.json")
