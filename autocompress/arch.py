@@ -7,6 +7,7 @@ unchanged, or no-op) and an FFN block (an intermediate size, or no-op).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,13 +140,21 @@ class SearchSpace:
     """Discrete options per decision, each sorted ascending (the last one is the base model's).
 
     hidden: global hidden sizes; attention: KV-head counts (0 = no-op); ffn: intermediate sizes
-    (0 = no-op). Every layer shares the attention and FFN option lists.
+    (0 = no-op). Every layer shares the attention and FFN option lists; `attention_floor[l]` is the
+    lowest attention option layer l may take: layer 0 keeps its attention, because vLLM (0.32)
+    cannot serve a DeciLM whose first computing layer has a no-op attention.
     """
 
     base: Architecture
     hidden: tuple[int, ...]
     attention: tuple[int, ...]
     ffn: tuple[int, ...]
+    attention_floor: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.attention_floor:
+            first = 1 if self.attention[0] == 0 else 0
+            object.__setattr__(self, "attention_floor", (first,) + (0,) * (self.base.num_layers - 1))
 
     @staticmethod
     def from_base(base: Architecture, spec: SpaceSpec) -> SearchSpace:
@@ -190,11 +199,20 @@ class SearchSpace:
         return self.architecture(len(self.hidden) - 1, [len(self.attention) - 1] * n, [len(self.ffn) - 1] * n)
 
     def smallest(self) -> Architecture:
-        return self.architecture(0, [0] * self.num_layers, [0] * self.num_layers)
+        return self.architecture(0, list(self.attention_floor), [0] * self.num_layers)
+
+    def allows(self, arch: Architecture) -> bool:
+        """Is `arch` in the space, floors included?"""
+        try:
+            _, att, _ = self.indices(arch)
+        except ConfigError:
+            return False
+        return all(a >= f for a, f in zip(att, self.attention_floor, strict=True))
 
     def size(self) -> float:
         """Number of distinct architectures."""
-        return len(self.hidden) * float(len(self.attention) * len(self.ffn)) ** self.num_layers
+        attention = [len(self.attention) - f for f in self.attention_floor]
+        return len(self.hidden) * math.prod(float(a * len(self.ffn)) for a in attention)
 
 
 def _grid(full: int, divisor: int, min_fraction: float, key: str) -> tuple[int, ...]:

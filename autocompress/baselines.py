@@ -53,7 +53,7 @@ def random_feasible(
     n = space.num_layers
     for _ in range(tries):
         h = rng.randrange(len(space.hidden))
-        att = [rng.randrange(len(space.attention)) for _ in range(n)]
+        att = [rng.randrange(floor, len(space.attention)) for floor in space.attention_floor]
         ffn = [rng.randrange(len(space.ffn)) for _ in range(n)]
         if meets(cost_model, constraints, space.architecture(h, att, ffn)):
             break

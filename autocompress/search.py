@@ -110,14 +110,14 @@ def evaluate(
 Move = tuple[int, list[int], list[int]]  # option indices: hidden, attention per layer, FFN per layer
 
 
-def _downgrades(idx: Move, logp: list[torch.Tensor]) -> list[tuple[Move, float]]:
-    """Every single-decision downgrade of `idx`, with the log-probability it gives up."""
+def _downgrades(idx: Move, logp: list[torch.Tensor], floor: tuple[int, ...]) -> list[tuple[Move, float]]:
+    """Every single-decision downgrade of `idx` the space allows, with the log-probability it gives up."""
     h, att, ffn = idx
     moves: list[tuple[Move, float]] = []
     if h > 0:
         moves.append(((h - 1, att, ffn), float(logp[0][h] - logp[0][h - 1])))
     for layer in range(len(att)):
-        if att[layer] > 0:
+        if att[layer] > floor[layer]:
             a2 = att.copy()
             a2[layer] -= 1
             moves.append(((h, a2, ffn), float(logp[1][layer, att[layer]] - logp[1][layer, a2[layer]])))
@@ -155,7 +155,7 @@ def repair(
     base_quality = quality(arch) if quality is not None and current > 1e-9 else 0.0
     while current > 1e-9:
         scored = []
-        for move, cost in _downgrades(idx, logp):
+        for move, cost in _downgrades(idx, logp, space.attention_floor):
             gain = current - total_violation(space.architecture(*move))
             if gain > 0:
                 scored.append((gain / (max(cost, 0.0) + 1e-3), gain, move))
@@ -196,6 +196,13 @@ def run_search(
         t[..., -1] = spec.init_bias  # start at the base model
         logits.append(t.requires_grad_(True))
     opt = torch.optim.Adam(logits, lr=settings.lr)
+    forbidden = torch.zeros(space.num_layers, len(space.attention))  # options below a layer's floor
+    for layer, floor in enumerate(space.attention_floor):
+        forbidden[layer, :floor] = -1e4
+
+    def current() -> list[torch.Tensor]:
+        return [logits[0], logits[1] + forbidden, logits[2]]
+
     lambdas = torch.full((len(cons),), settings.lambda_init, dtype=torch.float64)
     masked = MaskedModel(model, space, inputs.ranking)
     history: list[dict[str, float]] = []
@@ -204,10 +211,10 @@ def run_search(
         for step in bar:
             tau = settings.tau_start * (settings.tau_end / settings.tau_start) ** (step / max(1, spec.steps - 1))
             rows = torch.randint(len(inputs.calib), (spec.batch_size,), generator=gen)
-            masked.set(*(relaxed_sample(t, tau, gen, spec.straight_through) for t in logits))
+            masked.set(*(relaxed_sample(t, tau, gen, spec.straight_through) for t in current()))
             hidden = model.model(input_ids=inputs.calib[rows], use_cache=False).last_hidden_state
             kl = kl_to_teacher(model, hidden, inputs.teacher_calib[rows])
-            costs = cost_model.expected(ArchDistribution(*(torch.softmax(t, dim=-1) for t in logits)))
+            costs = cost_model.expected(ArchDistribution(*(torch.softmax(t, dim=-1) for t in current())))
             g = torch.stack([violation(c, costs[c.metric], settings.margin) for c in cons])
             penalty = (lambdas * g).sum() + 0.5 * settings.quadratic * torch.relu(g).pow(2).sum()
             loss = kl + penalty.float()
@@ -223,14 +230,15 @@ def run_search(
             if on_step is not None:
                 on_step(record)
         masked.clear()
-        h, att, ffn = (t.detach().argmax(-1) for t in logits)
+        final = current()
+        h, att, ffn = (t.detach().argmax(-1) for t in final)
         arch = space.architecture(int(h), att.tolist(), ffn.tolist())
         probe = inputs.calib[:1], inputs.teacher_calib[:1]  # the same sequence for every candidate
 
         def quality(a: Architecture) -> float:
             return evaluate(model, masked, a, *probe)[0]
 
-        arch, repairs = repair(arch, space, cost_model, cons, (logits[0], logits[1], logits[2]), quality)
+        arch, repairs = repair(arch, space, cost_model, cons, (final[0], final[1], final[2]), quality)
         held = inputs.heldout[: spec.eval_sequences]
         kl_held, ppl = evaluate(model, masked, arch, held, inputs.teacher_heldout[: spec.eval_sequences])
     finally:

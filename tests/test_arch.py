@@ -76,7 +76,7 @@ def test_space_options_and_extremes() -> None:
     assert space.ffn[0] == 0 and space.ffn[-1] == 1536 and all(f % 128 == 0 for f in space.ffn)
     assert space.largest() == Architecture.from_llama_config(SMOLLM2)
     smallest = space.smallest()
-    assert smallest.hidden_size == 320 and all(b == Block(0, 0) for b in smallest.blocks)
+    assert smallest.hidden_size == 320 and smallest.blocks[0] == Block(1, 0) and all(b == Block(0, 0) for b in smallest.blocks[1:])
     assert space.indices(space.largest()) == (4, [2] * 30, [len(space.ffn) - 1] * 30)
 
 
@@ -102,3 +102,13 @@ def test_architecture_outside_space_is_rejected() -> None:
     space = SearchSpace.from_base(hetero_base(), SpaceSpec(hidden_divisor=16, ffn_divisor=32))
     with pytest.raises(ConfigError, match="not in the search space"):
         space.indices(Architecture(**{**hetero_base().__dict__, "hidden_size": 50}))
+
+
+def test_first_layer_keeps_its_attention() -> None:
+    """vLLM 0.32 cannot serve a DeciLM whose first computing layer has a no-op attention."""
+    space = SearchSpace.from_base(Architecture.from_llama_config(SMOLLM2), SpaceSpec())
+    assert space.attention_floor == (1,) + (0,) * 29
+    assert space.smallest().blocks[0].kv_heads == 1 and space.allows(space.smallest())
+    n = space.num_layers
+    assert not space.allows(space.architecture(4, [0] + [2] * (n - 1), [3] * n))
+    assert space.allows(space.architecture(4, [2] + [0] * (n - 1), [3] * n))

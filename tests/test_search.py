@@ -84,3 +84,10 @@ def test_repair_reaches_feasibility_and_follows_measured_quality() -> None:
 
     kept, _ = repair(space.largest(), space, cm, bound, flat, quality=quality, candidates=len(space.ffn) * 30 + 1)
     assert kept.hidden_size == 576 and bound[0].satisfied(cm.predict(kept)["ttft_ms"])
+
+
+def test_search_respects_the_attention_floor(prepared) -> None:  # type: ignore[no-untyped-def]
+    spec, p = prepared
+    tight = dataclasses.replace(p.inputs, constraints=tuple(Constraint(c.metric, c.value * 0.97) for c in p.inputs.constraints))
+    result = run_search(p.base.model, tight, p.cost_model, spec.search, LagrangianSettings(lambda_init=20.0, dual_lr=5.0))
+    assert p.space.allows(result.architecture) and result.architecture.blocks[0].kv_heads > 0
