@@ -304,6 +304,11 @@ def select_trial(path: Path, trial: str | None, index: int | None, force: bool) 
         raise ConfigError(f"trial {name} is infeasible (misses {', '.join(missed) or 'a constraint'}); export it anyway with force=true")
     if not isinstance(row.get("architecture"), str) or not row["architecture"]:
         raise ConfigError(f"trial {name} has no architecture to export (status {row['status']}: {row.get('error') or ''})")
+    trials = path.parent / "trials.parquet"
+    if path.name != trials.name and trials.exists():  # columns written to trials.parquet only (e.g. measured costs)
+        df = pd.read_parquet(trials)
+        match = df[df["trial_id"] == name]
+        row = {**match.iloc[0].to_dict(), **row} if not match.empty else row
     return row
 
 
@@ -429,7 +434,7 @@ def _costs(e: Exported) -> list[str]:
         "",
         "## Quality (the search's held-out text, before any retraining)",
         "",
-        f"KL(base || pruned) = {kl} nats/token; perplexity = {ppl}.",
+        f"KL(base || pruned) = {kl} nats/token; perplexity = {ppl} (base model {_num(e.meta.get('base_perplexity'), 'not recorded')}).",
     ]
 
 
