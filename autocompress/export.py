@@ -304,12 +304,19 @@ def select_trial(path: Path, trial: str | None, index: int | None, force: bool) 
         raise ConfigError(f"trial {name} is infeasible (misses {', '.join(missed) or 'a constraint'}); export it anyway with force=true")
     if not isinstance(row.get("architecture"), str) or not row["architecture"]:
         raise ConfigError(f"trial {name} has no architecture to export (status {row['status']}: {row.get('error') or ''})")
+    return _with_trials_columns(path, row)
+
+
+def _with_trials_columns(path: Path, row: dict[str, Any]) -> dict[str, Any]:
+    """`row` plus the columns only trials.parquet beside `path` has (e.g. costs `verify` measured)."""
+    import pandas as pd
+
     trials = path.parent / "trials.parquet"
-    if path.name != trials.name and trials.exists():  # columns written to trials.parquet only (e.g. measured costs)
-        df = pd.read_parquet(trials)
-        match = df[df["trial_id"] == name]
-        row = {**match.iloc[0].to_dict(), **row} if not match.empty else row
-    return row
+    if path.name == trials.name or not trials.exists():
+        return row
+    df = pd.read_parquet(trials)
+    match = df[df["trial_id"] == row["trial_id"]]
+    return {**match.iloc[0].to_dict(), **row} if not match.empty else row
 
 
 def load_ranking(run_dir: Path, base: Architecture) -> Ranking:
@@ -322,11 +329,22 @@ def load_ranking(run_dir: Path, base: Architecture) -> Ranking:
     return ranking
 
 
+def check_output(out: Path, overwrite: bool) -> None:
+    """Refuse an existing `out` unless `overwrite`, and even then anything but an earlier export or an empty folder."""
+    if not out.exists():
+        return
+    if not overwrite:
+        raise ConfigError(f"{out} already exists; choose a new out=DIR or add overwrite=true")
+    if not out.is_dir() or not ((out / "config.json").exists() or not any(out.iterdir())):
+        raise ConfigError(
+            f"{out} is not an exported checkpoint (no config.json); overwrite=true replaces only those: choose another out=DIR"
+        )
+
+
 @contextmanager
 def staged(out: Path, overwrite: bool) -> Iterator[Path]:
     """A temporary folder beside `out` that becomes `out` only if the block succeeds (nothing half-written)."""
-    if out.exists() and not overwrite:
-        raise ConfigError(f"{out} already exists; choose a new out=DIR or add overwrite=true")
+    check_output(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp, old = (out.with_name(f".{out.name}.{tag}{os.getpid()}") for tag in ("tmp", "old"))
     shutil.rmtree(tmp, ignore_errors=True)
@@ -555,8 +573,9 @@ def parse_args(argv: list[str]) -> ExportRequest:
 def export(req: ExportRequest) -> Exported:
     """Export the requested trial of a sweep run to `req.out` (verified unless asked not to)."""
     path = results_file(req.results)
-    if req.out.exists() and not req.overwrite:
-        raise ConfigError(f"{req.out} already exists; choose a new out=DIR or add overwrite=true")
+    check_output(req.out, req.overwrite)
+    if req.out.resolve() in path.resolve().parents:
+        raise ConfigError(f"out={req.out} holds the results file {path}; choose an output folder outside the run")
     row = select_trial(path, req.trial, req.index, req.force)
     run_dir = path.parent
     spec = run_spec_of(run_dir)

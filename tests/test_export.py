@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from tests.conftest import TINY_CPU, run_cli
 
 
 @pytest.fixture(autouse=True)
-def one_thread() -> Any:
+def one_thread() -> Iterator[None]:
     """Tiny models gain nothing from threads, and the shared development machine is oversubscribed."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -107,6 +108,26 @@ def test_decilm_checkpoint_equals_masked_model(
     with torch.no_grad():
         generated = exported.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=8, do_sample=False)
     assert torch.equal(generated, masked_forward(tiny_model, tiny_space, ranking, arch, prompts, new=8))
+
+
+def test_untied_lm_head_is_sliced_too(tiny_space: SearchSpace, tokens: torch.Tensor, tmp_path: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2
+    )
+    model = LlamaForCausalLM(config).eval().requires_grad_(False)
+    assert not model.config.tie_word_embeddings
+    space = SearchSpace.from_base(Architecture.from_llama_config(model.config), SpaceSpec(hidden_divisor=16, ffn_divisor=32))
+    ranking = rank_units(model, tokens, progress=False)
+    arch = hetero(space, 48, Block(2, 64), Block(1, 0), Block(0, 96))
+    state = pruned_state_dict(model, arch, ranking)
+    assert state["lm_head.weight"].shape == (256, 48)
+    out = write_checkpoint(arch, tmp_path / "ck", model.config, state)
+    exported = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(exported(tokens).logits, masked_forward(model, space, ranking, arch, tokens), atol=1e-5, rtol=1e-5)
 
 
 def test_checkpoint_format_and_vllm_limitation(tiny_space: SearchSpace) -> None:
@@ -230,15 +251,18 @@ def test_cli_refuses_bad_input(run_dir: Path, tmp_path: Path, capsys: Any, args:
 
 
 def test_cli_refuses_existing_output_unless_overwrite(run_dir: Path, tmp_path: Path, capsys: Any) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "keep.txt").write_text("mine")
+    out, mine = tmp_path / "out", tmp_path / "mine"
+    assert main([str(run_dir), "trial=good", f"out={out}", "verify=false"]) == 0
     assert main([str(run_dir), "trial=good", f"out={out}", "verify=false"]) == 2
     assert "already exists; choose a new out=DIR or add overwrite=true" in capsys.readouterr().err
-    assert [p.name for p in out.iterdir()] == ["keep.txt"]
     assert main([str(run_dir / "trials.parquet"), "trial=slow", f"out={out}", "overwrite=true", "force=true", "verify=false"]) == 0
-    assert not (out / "keep.txt").exists() and "NO (exported with force=true)" in (out / "README.md").read_text()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folders left
+    assert "NO (exported with force=true)" in (out / "README.md").read_text()
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    assert main([str(run_dir), "trial=good", f"out={mine}", "overwrite=true", "verify=false"]) == 2
+    assert "is not an exported checkpoint" in capsys.readouterr().err and [p.name for p in mine.iterdir()] == ["notes.txt"]
+    assert main([str(run_dir), "trial=good", f"out={run_dir.parent}", "overwrite=true", "verify=false"]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "out"]  # no temporary folders left
 
 
 def test_failed_verification_writes_nothing(run_dir: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
