@@ -5,9 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import itertools
-import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,9 +19,11 @@ from omegaconf import DictConfig, OmegaConf
 from autocompress import __version__
 from autocompress.compose import plain
 from autocompress.config import METRICS, Constraint, LagrangianSettings, RunSpec, run_spec_from_dict
+from autocompress.cost import CostModel
 from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.pareto import COST_DIRECTIONS, pareto_frame
 from autocompress.prepare import Prepared, log, prepare
+from autocompress.raycluster import check_ray_address, init_ray
 from autocompress.results import architecture_columns, feasibility_columns, trials_frame, write_json, write_parquet, write_text
 from autocompress.search import SearchInputs, SearchResult
 
@@ -86,7 +86,7 @@ def tune_space(definition: dict[str, Any], spec: RunSpec) -> tuple[dict[str, Any
 
 
 def trial_row(
-    settings: LagrangianSettings, result: SearchResult, constraints: tuple[Constraint, ...], cost_model_id: str
+    settings: LagrangianSettings, result: SearchResult, constraints: tuple[Constraint, ...], cost_model: CostModel
 ) -> dict[str, Any]:
     """One trials.parquet row (see results.TRIAL_SCHEMA)."""
     row: dict[str, Any] = {"status": "ok", "error": ""}
@@ -94,16 +94,16 @@ def trial_row(
     row.update(architecture_columns(result.architecture))
     row.update({k: result.costs[k] for k in COST_DIRECTIONS})
     row.update(feasibility_columns(constraints, result.feasible))
-    row.update(kl=result.kl, perplexity=result.perplexity, repair_steps=result.repair_steps, wall_s=result.wall_s, cost_model=cost_model_id)
+    row.update(kl=result.kl, perplexity=result.perplexity, repair_steps=result.repair_steps, wall_s=result.wall_s)
+    row.update(cost_model=cost_model.id, cost_model_extrapolated=cost_model.extrapolates(result.architecture))
     return row
 
 
-def run_trial(config: dict[str, Any], spec: RunSpec, inputs: SearchInputs) -> None:
-    """Ray Tune trainable: one search with this trial's Lagrangian settings."""
+def run_trial(config: dict[str, Any], spec: RunSpec, inputs: SearchInputs, cost_model: CostModel) -> None:
+    """Ray Tune trainable: one search with this trial's Lagrangian settings (the driver's cost model)."""
     import torch
     from ray import tune
 
-    from autocompress.cost import get_cost_model
     from autocompress.models import load_base_model
     from autocompress.search import run_search
 
@@ -113,44 +113,13 @@ def run_trial(config: dict[str, Any], spec: RunSpec, inputs: SearchInputs) -> No
     torch.set_num_threads(threads)
     search = dataclasses.replace(spec.search, threads=threads)
     model = load_base_model(spec.model).model
-    cost_model = get_cost_model(inputs.space, spec.scenario)
     result = run_search(model, inputs, cost_model, search, settings)
-    row = trial_row(settings, result, inputs.constraints, cost_model.id)
+    row = trial_row(settings, result, inputs.constraints, cost_model)
     row["trial_id"] = tune.get_context().get_trial_id()
     tune.report(row)
 
 
 # --------------------------------------------------------------------------- the driver
-
-
-def _check_ray_address(address: str) -> None:
-    """Fail fast with a clear message when a host:port address does not answer."""
-    if address == "auto":
-        return
-    target = address.removeprefix("ray://")
-    host, _, port = target.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(f"ray.address={address!r} is not host:port, ray://host:port or auto")
-    try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-    except OSError as exc:
-        raise ConfigError(
-            f"ray.address={address!r} is unreachable ({exc}); start the cluster (ray start --head) or drop ray.address to run on local Ray"
-        ) from exc
-
-
-def _init_ray(spec: RunSpec) -> None:
-    import ray
-
-    address = spec.sweep.ray_address
-    if address:
-        _check_ray_address(address)
-        try:
-            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
-        except (ConnectionError, RuntimeError) as exc:
-            raise ConfigError(f"could not join the Ray cluster at ray.address={address!r}: {exc}") from exc
-    else:
-        ray.init(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
 
 
 def _git_sha() -> str | None:
@@ -222,7 +191,7 @@ def run_sweep(spec: RunSpec, config_yaml: str) -> Path:
 
     definition = load_definition(spec.sweep.definition)
     if spec.sweep.ray_address:
-        _check_ray_address(spec.sweep.ray_address)
+        check_ray_address(spec.sweep.ray_address)
     run_dir = _run_dir(spec)
     prepared: Prepared = prepare(spec)
     run_dir.mkdir(parents=True)
@@ -235,7 +204,7 @@ def run_sweep(spec: RunSpec, config_yaml: str) -> Path:
         "git_sha": _git_sha(),
         "scenario": spec.scenario.name,
         "model": spec.model.name,
-        "cost_model": prepared.cost_model.id,
+        "cost_model": prepared.cost_model.describe(),
         "base_costs": prepared.base_costs,
         "constraints": {c.metric: {"sense": c.sense, "value": c.value} for c in prepared.inputs.constraints},
         "base_params": prepared.space.base.num_params(),
@@ -246,10 +215,11 @@ def run_sweep(spec: RunSpec, config_yaml: str) -> Path:
     }
     write_json(meta, run_dir / "metadata.json")
     try:
-        _init_ray(spec)
+        init_ray(spec.sweep.ray_address)
         param_space, searcher, num_samples = tune_space(definition, spec)
         trainable = tune.with_resources(
-            tune.with_parameters(run_trial, spec=spec, inputs=prepared.inputs), {"cpu": spec.sweep.cpus_per_trial}
+            tune.with_parameters(run_trial, spec=spec, inputs=prepared.inputs, cost_model=prepared.cost_model),
+            {"cpu": spec.sweep.cpus_per_trial},
         )
         tuner = tune.Tuner(
             trainable,
