@@ -21,21 +21,21 @@ def _largest_at_most(options: tuple[int, ...], value: float, floor: int) -> int:
     return max(below) if below else min(allowed)
 
 
+def uniform_shrink(space: SearchSpace, fraction: float) -> Architecture:
+    """Every width (hidden, KV heads, FFN) at the largest option not above `fraction` of the base; no layer dropped."""
+    base, n = space.base.blocks[0], space.num_layers
+    h = _largest_at_most(space.hidden, fraction * space.base.hidden_size, 1)
+    a = _largest_at_most(space.attention, fraction * base.kv_heads, 1)
+    i = _largest_at_most(space.ffn, fraction * base.ffn, 1)
+    return space.architecture(h, [a] * n, [i] * n)
+
+
 def uniform_architecture(
     space: SearchSpace, cost_model: CostModel, constraints: tuple[Constraint, ...], steps: int = 200
 ) -> Architecture | None:
-    """Every dimension pruned by the same fraction f (hidden, KV heads, FFN), the largest f that is feasible.
-
-    No layer is dropped; each width is the largest option not above f times the base width.
-    """
-    base = space.base.blocks[0]
-    n = space.num_layers
+    """The uniform shrink with the largest fraction f (in steps of 1/steps) that is feasible."""
     for k in range(steps, 0, -1):
-        f = k / steps
-        h = _largest_at_most(space.hidden, f * space.base.hidden_size, 1)
-        a = _largest_at_most(space.attention, f * base.kv_heads, 1)
-        i = _largest_at_most(space.ffn, f * base.ffn, 1)
-        arch = space.architecture(h, [a] * n, [i] * n)
+        arch = uniform_shrink(space, k / steps)
         if meets(cost_model, constraints, arch):
             return arch
     return None

@@ -7,7 +7,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from autocompress.config import RunSpec, run_spec_from_dict
+from autocompress.config import RunSpec, Workload, build, run_spec_from_dict
 from autocompress.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -34,6 +34,16 @@ def compose_dict(*overrides: str) -> dict[str, Any]:
 
 def compose_spec(*overrides: str) -> RunSpec:
     return run_spec_from_dict(compose_dict(*overrides))
+
+
+def load_workload(name: str) -> Workload:
+    """A workload of conf/workload/ by name."""
+    path = CONF_DIR / "workload" / f"{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ConfigError(f"workload {name!r} does not exist; known: {known}")
+    data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    return build(Workload, data, f"workload {name}")
 
 
 def run_spec_of(run_dir: str | Path) -> RunSpec:

@@ -48,14 +48,22 @@ class Hardware:
     memory_overhead_gib: float = 1.0  # engine + framework memory outside weights and KV cache
     memory_utilization: float = 0.9  # share of capacity the engine may use (vLLM gpu_memory_utilization)
     max_num_batched_tokens: int = 8192  # prefill chunk size of the engine
+    kv_cache_gib: float | None = None  # fixed KV-cache size (vLLM CPU: VLLM_CPU_KVCACHE_SPACE); None = what memory leaves
+    prefill_eta_compute: float | None = None  # prefill's share of peak FLOP/s; None = eta_compute
+    prefill_overhead_ms: float | None = None  # fixed cost per prefill chunk; None = step_overhead_ms
     engine: str = "vllm"
     description: str = ""
 
     def __post_init__(self) -> None:
         for key in ("peak_tflops", "mem_bandwidth_gbs", "memory_gib", "max_num_batched_tokens"):
             _positive(f"hardware.{key}", getattr(self, key))
-        for key in ("step_overhead_ms", "block_overhead_us", "memory_overhead_gib"):
-            _positive(f"hardware.{key}", getattr(self, key), allow_zero=True)
+        for key in ("step_overhead_ms", "block_overhead_us", "memory_overhead_gib", "prefill_overhead_ms"):
+            if getattr(self, key) is not None:
+                _positive(f"hardware.{key}", getattr(self, key), allow_zero=True)
+        if self.kv_cache_gib is not None:
+            _positive("hardware.kv_cache_gib", self.kv_cache_gib)
+        if self.prefill_eta_compute is not None and not 0 < self.prefill_eta_compute <= 1:
+            raise ConfigError(f"hardware.prefill_eta_compute must be in (0, 1], got {self.prefill_eta_compute!r}")
         for key in ("eta_compute", "eta_memory", "memory_utilization"):
             value = getattr(self, key)
             if not 0 < value <= 1:
@@ -293,6 +301,33 @@ class SweepSpec:
 
 
 @dataclass(frozen=True)
+class ProfileSpec:
+    """Engine profiling: which architectures and workloads are measured, and how."""
+
+    measure: bool = True
+    fit: bool = True
+    n_random: int = 12
+    holdout_share: float = 0.34
+    uniform_fractions: tuple[float, ...] = (0.35, 0.6, 0.8)
+    extra_workloads: tuple[str, ...] = ()
+    kv_cache_gib: float | None = None
+    repeats: int = 3
+    warmup: int = 1
+    timeout_s: float = 900.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _positive("profile.repeats", self.repeats)
+        _positive("profile.warmup", self.warmup, allow_zero=True)
+        _positive("profile.n_random", self.n_random, allow_zero=True)
+        _positive("profile.timeout_s", self.timeout_s)
+        if not 0 <= self.holdout_share < 1:
+            raise ConfigError(f"profile.holdout_share must be in [0, 1), got {self.holdout_share!r}")
+        if any(not 0 < f < 1 for f in self.uniform_fractions):
+            raise ConfigError(f"profile.uniform_fractions must lie in (0, 1), got {list(self.uniform_fractions)}")
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """Everything one sweep needs, resolved from the composed config."""
 
@@ -303,6 +338,8 @@ class RunSpec:
     sweep: SweepSpec
     results_dir: str = "results"
     run_id: str | None = None
+    profile: ProfileSpec = field(default_factory=ProfileSpec)
+    cost_model: str = "auto"  # auto (fitted for this hardware if any, else analytic) | analytic | path of a fitted model
 
 
 # --------------------------------------------------------------------------- building from plain data
@@ -340,6 +377,11 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
         if value not in typing.get_args(hint):
             raise ConfigError(f"{key}={value!r} is not one of {list(typing.get_args(hint))}")
         return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        inner = typing.get_args(hint)[0]
+        return tuple(_coerce(inner, v, f"{key}[{i}]") for i, v in enumerate(value))
     if dataclasses.is_dataclass(hint):
         return build(hint, value, key)  # type: ignore[arg-type]
     if hint is bool:
@@ -398,4 +440,6 @@ def run_spec_from_dict(cfg: Mapping[str, Any]) -> RunSpec:
         sweep=build(SweepSpec, cfg.get("sweep") or {}, "sweep"),
         results_dir=str(results.get("dir") or "results"),
         run_id=None if run_id is None else str(run_id),
+        profile=build(ProfileSpec, cfg.get("profile") or {}, "profile"),
+        cost_model=str(cfg.get("cost_model") or "auto"),
     )

@@ -60,7 +60,7 @@ def prepare(spec: RunSpec, progress: bool = True) -> Prepared:
     base = Architecture.from_llama_config(base_model.model.config)
     space = SearchSpace.from_base(base, spec.search.space)
     check_space(base, space)
-    cost_model = get_cost_model(space, spec.scenario)
+    cost_model = get_cost_model(space, spec.scenario, spec.results_dir, spec.cost_model)
     constraints, base_costs = resolve_constraints(spec.scenario, space, cost_model)
     log(
         f"base model {spec.model.name}: {base.num_params():,} parameters, {base.num_layers} layers; "
@@ -89,4 +89,3 @@ def prepare(spec: RunSpec, progress: bool = True) -> Prepared:
     masked.remove()
     log(f"prepared in {time.time() - start:.0f}s; base model held-out perplexity {base_ppl:.2f}")
     return Prepared(base_model, space, cost_model, base_costs, base_ppl, inputs)
-

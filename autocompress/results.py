@@ -54,6 +54,7 @@ TRIAL_SCHEMA: dict[str, tuple[str, str]] = {
     "repair_steps": ("int64", "single-decision downgrades applied after the search to meet the constraints"),
     "wall_s": ("float64", "wall-clock seconds of the search"),
     "cost_model": ("string", "id of the cost model that predicted the costs"),
+    "cost_model_extrapolated": ("bool", "the architecture or workload lies outside what the (fitted) cost model was measured on"),
 }
 FRONT_COLUMNS = [f"front_{c}" for c in (*COST_KEYS, "all")]
 

@@ -34,7 +34,9 @@ class AnalyticCostModel(CostModel):
         self._h = torch.tensor(space.hidden, dtype=dt)[:, None]  # [H, 1]
         self._kv = torch.tensor(space.attention, dtype=dt)[None, :]  # [1, A]
         self._i = torch.tensor(space.ffn, dtype=dt)[None, :]  # [1, F]
-        self._flops = hardware.eta_compute * hardware.peak_tflops * 1e12  # FLOP/s
+        self._flops = hardware.eta_compute * hardware.peak_tflops * 1e12  # FLOP/s, decode
+        self._prefill_flops = (hardware.prefill_eta_compute or hardware.eta_compute) * hardware.peak_tflops * 1e12
+        self._prefill_overhead_ms = hardware.step_overhead_ms if hardware.prefill_overhead_ms is None else hardware.prefill_overhead_ms
         self._bw = hardware.eta_memory * hardware.mem_bandwidth_gbs * 1e9  # bytes/s
 
     @property
@@ -43,9 +45,9 @@ class AnalyticCostModel(CostModel):
 
     # ------------------------------------------------------------------ building blocks
 
-    def _time(self, flops: torch.Tensor, nbytes: torch.Tensor) -> torch.Tensor:
+    def _time(self, flops: torch.Tensor, nbytes: torch.Tensor, prefill: bool = False) -> torch.Tensor:
         """Roofline time of one op in seconds: max(FLOPs / achieved FLOP/s, bytes / achieved bandwidth)."""
-        return torch.maximum(flops / self._flops, nbytes / self._bw)
+        return torch.maximum(flops / (self._prefill_flops if prefill else self._flops), nbytes / self._bw)
 
     def _params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Weight counts per hidden option: head [H], attention [H, A], FFN [H, F].
@@ -97,13 +99,13 @@ class AnalyticCostModel(CostModel):
         h, kv, i = self._h, self._kv, self._i
         w_proj = 2 * h * q + 2 * h * kv * hd
         kv_bytes = tokens * 2 * kv * hd * wl.kv_bytes
-        attn = self._time(2 * tokens * w_proj, chunks * wb * w_proj + kv_bytes)
-        attn = attn + self._time(2 * batch * q * p * p * (kv > 0), kv_bytes)
+        attn = self._time(2 * tokens * w_proj, chunks * wb * w_proj + kv_bytes, prefill=True)
+        attn = attn + self._time(2 * batch * q * p * p * (kv > 0), kv_bytes, prefill=True)
         attn = (attn + chunks * hw.block_overhead_us * 1e-6) * (kv > 0)
         w_ffn = 3 * h * i
-        ffn = (self._time(2 * tokens * w_ffn, chunks * wb * w_ffn) + chunks * hw.block_overhead_us * 1e-6) * (i > 0)
+        ffn = (self._time(2 * tokens * w_ffn, chunks * wb * w_ffn, prefill=True) + chunks * hw.block_overhead_us * 1e-6) * (i > 0)
         hv = h[:, 0] * b.vocab_size
-        head = self._time(2 * batch * hv, wb * hv) + chunks * hw.step_overhead_ms * 1e-3
+        head = self._time(2 * batch * hv, wb * hv, prefill=True) + chunks * self._prefill_overhead_ms * 1e-3
         return head, attn, ffn
 
     @staticmethod
@@ -128,8 +130,12 @@ class AnalyticCostModel(CostModel):
         seq_tokens = wl.prompt_len + wl.output_len
         kv_demand = kv_tok * max(wl.context_len, wl.concurrency * seq_tokens)
         memory = weights + kv_demand + workspace + overhead
-        free = hw.memory_utilization * hw.memory_gib * GIB - weights - workspace - overhead
-        fits = free / (kv_tok * seq_tokens).clamp(min=1e-9)  # sequences the KV cache holds
+        if hw.kv_cache_gib is not None:  # engines with a fixed KV-cache size (vLLM CPU)
+            kv_space = torch.tensor(hw.kv_cache_gib * GIB, dtype=torch.float64)
+        else:  # GPU engines take what is left of their memory share
+            kv_space = hw.memory_utilization * hw.memory_gib * GIB - weights - workspace - overhead
+        capacity = kv_space / kv_tok.clamp(min=1e-9)  # tokens the KV cache holds
+        fits = capacity / seq_tokens  # sequences the KV cache holds
         batch = torch.clamp(torch.minimum(fits, torch.tensor(float(wl.concurrency), dtype=torch.float64)), min=1e-3)
         tpot = self._expect(dist, self._decode_tables(batch))
         ttft = self._expect(dist, self._prefill_tables(batch))
@@ -140,4 +146,5 @@ class AnalyticCostModel(CostModel):
             "tpot_ms": tpot * 1e3,
             "throughput_tok_s": throughput,
             "memory_gib": memory / GIB,
+            "kv_capacity_tokens": capacity,
         }

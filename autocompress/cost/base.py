@@ -9,7 +9,8 @@ import torch
 
 from autocompress.arch import Architecture, SearchSpace
 
-COST_KEYS = ("ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gib")
+COST_KEYS = ("ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gib")  # what constraints bound
+PREDICTED_KEYS = (*COST_KEYS, "kv_capacity_tokens")  # what a cost model predicts
 
 
 @dataclass
@@ -35,7 +36,7 @@ class ArchDistribution:
 
 
 class CostModel(ABC):
-    """Predicts TTFT (ms), TPOT (ms), output throughput (tokens/s) and serving memory (GiB).
+    """Predicts TTFT (ms), TPOT (ms), output throughput (tokens/s), serving memory (GiB), KV-cache capacity (tokens).
 
     Implementations: `AnalyticCostModel` (roofline with efficiency terms from the hardware config);
     a model fitted to engine measurements plugs in by implementing `expected`.
@@ -51,6 +52,14 @@ class CostModel(ABC):
     @abstractmethod
     def expected(self, dist: ArchDistribution) -> dict[str, torch.Tensor]:
         """Expected costs under `dist`, differentiable with respect to its probabilities."""
+
+    def extrapolates(self, arch: Architecture) -> bool:
+        """Is `arch` (on this model's workload) outside what the model was fitted on? Never, for unfitted models."""
+        return False
+
+    def describe(self) -> dict[str, object]:
+        """What to record about this model next to results."""
+        return {"id": self.id}
 
     def predict(self, arch: Architecture) -> dict[str, float]:
         """Costs of one architecture of the space."""
