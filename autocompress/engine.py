@@ -20,6 +20,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -246,6 +247,16 @@ def make_actor_class(settings: EngineSettings) -> Any:
     return EngineActor
 
 
+def _device_slots(settings: EngineSettings) -> int:
+    """How many engines run at once: one per GPU, or one per CPU node."""
+    import ray
+
+    alive = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    if settings.engine == "vllm-cpu":
+        return max(1, len(alive))
+    return max(1, int(sum(r.get("GPU", 0) for r in alive)))
+
+
 def _node_cpus() -> int:
     import ray
 
@@ -255,17 +266,42 @@ def _node_cpus() -> int:
 
 def measure(arch: Architecture, base_config: dict[str, Any], workloads: list[Workload], settings: EngineSettings) -> list[dict[str, Any]]:
     """Measure `arch` in a fresh actor; a failure becomes rows with status=failed and the reason."""
+    return next(iter(measure_many([arch], base_config, workloads, settings)))[1]
+
+
+def measure_many(
+    archs: list[Architecture], base_config: dict[str, Any], workloads: list[Workload], settings: EngineSettings
+) -> Iterator[tuple[Architecture, list[dict[str, Any]]]]:
+    """Measure every architecture, each in its own actor, as many at once as the cluster has devices.
+
+    Yields (architecture, rows) as each finishes; each actor is killed once its engine is done.
+    """
     import ray
 
-    actor = make_actor_class(settings).remote()
-    try:
-        rows = ray.get(actor.measure.remote(arch.to_json(), base_config, workloads), timeout=settings.timeout_s)
-        return [{**r, "status": "ok", "error": ""} for r in rows]
-    except Exception as exc:
-        reason = f"{type(exc).__name__}: {exc}".strip()
-        return [{"workload": wl.name, "status": "failed", "error": _short(reason)} for wl in workloads]
-    finally:
-        ray.kill(actor, no_restart=True)
+    cls = make_actor_class(settings)
+    queue, pending = list(archs), dict[Any, tuple[Architecture, Any, float]]()
+    slots = _device_slots(settings)
+
+    def submit() -> None:
+        while queue and len(pending) < slots:
+            arch, actor = queue.pop(0), cls.remote()
+            pending[actor.measure.remote(arch.to_json(), base_config, workloads)] = (arch, actor, time.time())
+
+    submit()
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=5.0)
+        expired = [ref for ref, (_, _, t0) in pending.items() if ref not in done and time.time() - t0 > settings.timeout_s]
+        for ref in done + expired:
+            arch, actor, _ = pending.pop(ref)
+            try:
+                rows = [{**r, "status": "ok", "error": ""} for r in ray.get(ref, timeout=0 if ref in expired else None)]
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {exc}".strip() if ref in done else f"timed out after {settings.timeout_s:.0f}s"
+                rows = [{"workload": wl.name, "status": "failed", "error": _short(reason)} for wl in workloads]
+            finally:
+                ray.kill(actor, no_restart=True)
+            submit()
+            yield arch, rows
 
 
 def _short(text: str, limit: int = 1500) -> str:

@@ -28,7 +28,7 @@ from autocompress.compose import load_workload, plain
 from autocompress.config import Hardware, RunSpec, Workload, run_spec_from_dict
 from autocompress.cost.fitted import Measurement, fit_parameters, model_dir, ranges, save_record, validate
 from autocompress.decilm import vllm_limitation
-from autocompress.engine import EngineSettings, arch_id, engine_settings, measure, require_vllm
+from autocompress.engine import EngineSettings, arch_id, engine_settings, measure_many, require_vllm
 from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.models import load_base_model
 from autocompress.prepare import log
@@ -114,15 +114,16 @@ def run_measurements(
     todo = [(a, r) for a, r in plan if any((arch_id(a), w.name) not in _done(table) for w in workloads)]
     log(f"profiling {len(todo)} of {len(plan)} architectures ({len(plan) - len(todo)} already measured) on {[w.name for w in workloads]}")
     init_ray(spec.sweep.ray_address)
-    for n, (arch, role) in enumerate(todo, 1):
-        start = time.time()
-        rows = measure(arch, base_config, workloads, settings)
-        by_name = {w.name: w for w in workloads}
-        new = pd.DataFrame([{**_row_meta(arch, role, by_name[r["workload"]], spec, settings), **r} for r in rows])
+    roles, by_name, start = dict(todo), {w.name: w for w in workloads}, time.time()
+    for n, (arch, rows) in enumerate(measure_many([a for a, _ in todo], base_config, workloads, settings), 1):
+        new = pd.DataFrame([{**_row_meta(arch, roles[arch], by_name[r["workload"]], spec, settings), **r} for r in rows])
+        if not table.empty:  # a re-measured architecture replaces its earlier rows
+            table = table[table["arch_id"] != arch_id(arch)]
         table = pd.concat([table, new], ignore_index=True) if not table.empty else new
         write_parquet(table, path)
         status = ", ".join(f"{r['workload']}: {_summary(r)}" for r in rows)
-        log(f"[{n}/{len(todo)}] {arch_id(arch)} ({role}, {arch.num_params() / 1e6:.1f}M) {status} ({time.time() - start:.0f}s)")
+        elapsed = time.time() - start
+        log(f"[{n}/{len(todo)}] {arch_id(arch)} ({roles[arch]}, {arch.num_params() / 1e6:.1f}M) {status} ({elapsed:.0f}s elapsed)")
     return table
 
 
