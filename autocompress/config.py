@@ -314,6 +314,7 @@ class ProfileSpec:
     repeats: int = 3
     warmup: int = 1
     timeout_s: float = 900.0
+    enforce_eager: bool = False  # serve without torch.compile (what verify and the fitted model then describe)
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -161,6 +161,7 @@ def fit_and_save(spec: RunSpec, space: SearchSpace, table: pd.DataFrame, workloa
         "engine": settings.engine,
         "engine_version": str(ok["engine_version"].iloc[0]) if "engine_version" in ok else None,
         "dtype": settings.dtype,
+        "enforce_eager": settings.enforce_eager,
         "kv_cache_gib": hw.kv_cache_gib,
         "model": spec.model.name,
         "workloads": [dataclasses.asdict(w) for w in workloads],
@@ -207,7 +208,7 @@ def run_profile(spec: RunSpec) -> Path | None:
     workloads = [spec.scenario.workload, *(load_workload(n) for n in spec.profile.extra_workloads)]
     kv = spec.profile.kv_cache_gib or hw.kv_cache_gib or 1.0
     settings = engine_settings(hw, workloads, kv, spec.profile.repeats, spec.profile.warmup)
-    settings = dataclasses.replace(settings, timeout_s=spec.profile.timeout_s)
+    settings = dataclasses.replace(settings, timeout_s=spec.profile.timeout_s, enforce_eager=spec.profile.enforce_eager)
     base = load_base_model(spec.model).model
     space = SearchSpace.from_base(Architecture.from_llama_config(base.config), spec.search.space)
     plan = design(space, spec.profile.n_random, spec.profile.holdout_share, spec.profile.uniform_fractions, spec.profile.seed)

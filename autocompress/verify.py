@@ -1,0 +1,144 @@
+"""`python -m autocompress.verify results/<scenario>/<run>/pareto.parquet`: measure Pareto points in the real engine.
+
+Each architecture runs in the serving engine on the run's workload, exactly as profiling measures
+it (autocompress.engine). The measured TTFT / TPOT / throughput / KV capacity / peak memory land
+next to the predicted columns (`measured_<metric>`, with run-to-run spreads), with
+`feasible_measured` (every constraint met by the measured medians) and
+`feasible_within_noise` (met once each measurement may be off by its own spread). The file is
+rewritten atomically; `trials.parquet` gets the same columns for the verified trials.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from autocompress.arch import Architecture
+from autocompress.compose import run_spec_of
+from autocompress.config import Constraint, RunSpec
+from autocompress.engine import engine_settings, measure_many, require_vllm
+from autocompress.errors import AutoCompressError, ConfigError
+from autocompress.models import load_base_model
+from autocompress.prepare import log
+from autocompress.raycluster import init_ray
+from autocompress.results import write_parquet
+
+# predicted column -> measured field of the engine rows
+MEASURED = {
+    "ttft_ms": "ttft_ms",
+    "tpot_ms": "tpot_ms",
+    "throughput_tok_s": "throughput_tok_s",
+    "memory_gib": "peak_gib",
+    "kv_capacity_tokens": "kv_capacity_tokens",
+}
+SPREADS = {"ttft_ms": "ttft_spread", "tpot_ms": "tpot_spread", "throughput_tok_s": "throughput_spread"}
+
+
+def _constraints(run_dir: Path) -> tuple[Constraint, ...]:
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    return tuple(Constraint(metric, float(c["value"])) for metric, c in meta["constraints"].items())
+
+
+def measured_columns(rows: list[dict[str, Any]], constraints: tuple[Constraint, ...]) -> dict[str, Any]:
+    """One Parquet row's measured columns from the engine's rows (one workload)."""
+    (row,) = rows
+    cols: dict[str, Any] = {"verify_status": row["status"], "verify_error": row.get("error", "")}
+    if row["status"] != "ok":
+        return cols | {"feasible_measured": False, "feasible_within_noise": False}
+    cols |= {f"measured_{k}": float(row[v]) for k, v in MEASURED.items()}
+    cols |= {f"measured_{k}_spread": float(row[v]) for k, v in SPREADS.items()}
+    strict, loose = True, True
+    for c in constraints:
+        value = cols[f"measured_{c.metric}"]
+        spread = cols.get(f"measured_{c.metric}_spread", 0.0)
+        strict &= c.satisfied(value)
+        slack = value * (1 - spread) if c.sense == "max" else value * (1 + spread)
+        loose &= c.satisfied(slack)
+    return cols | {"feasible_measured": strict, "feasible_within_noise": loose}
+
+
+def _merge(frame: pd.DataFrame, measured: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """`frame` with the measured columns of the verified trial ids (others keep NaN / unchanged)."""
+    extra = pd.DataFrame.from_dict(measured, orient="index")
+    extra.index.name = "trial_id"
+    keep = frame.drop(columns=[c for c in extra.columns if c in frame.columns])
+    return keep.merge(extra, left_on="trial_id", right_index=True, how="left")
+
+
+def verify(path: Path) -> pd.DataFrame:
+    """Measure every architecture of a pareto.parquet (or any trials file of a run) in the engine."""
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist; give results/<scenario>/<run_id>/pareto.parquet of a finished sweep")
+    run_dir = path.parent
+    spec: RunSpec = run_spec_of(run_dir)
+    table = pd.read_parquet(path)
+    table = table[table["status"] == "ok"] if "status" in table else table
+    if table.empty:
+        raise ConfigError(f"{path} has no finished trials to verify")
+    hw, wl = spec.scenario.hardware, spec.scenario.workload
+    require_vllm(hw.engine)
+    kv = spec.profile.kv_cache_gib or hw.kv_cache_gib or 1.0
+    settings = dataclasses.replace(
+        engine_settings(hw, [wl], kv, spec.profile.repeats, spec.profile.warmup),
+        timeout_s=spec.profile.timeout_s,
+        enforce_eager=spec.profile.enforce_eager,
+    )
+    constraints = _constraints(run_dir)
+    base_config = load_base_model(spec.model).model.config.to_dict()
+    init_ray(spec.sweep.ray_address)
+    trials_of: dict[Architecture, list[str]] = {}
+    for tid, text in zip(table["trial_id"], table["architecture"], strict=True):
+        trials_of.setdefault(Architecture.from_json(text), []).append(str(tid))
+    log(f"verifying {len(trials_of)} architectures of {path} in {hw.engine} on {wl.name}")
+    measured: dict[str, dict[str, Any]] = {}
+    for n, (arch, rows) in enumerate(measure_many(list(trials_of), base_config, [wl], settings), 1):
+        cols = measured_columns(rows, constraints)
+        measured.update({tid: cols for tid in trials_of[arch]})
+        log(f"[{n}/{len(trials_of)}] {', '.join(trials_of[arch])}: {_line(cols)}")
+    for target in (path, run_dir / "trials.parquet"):
+        if target.exists():
+            write_parquet(_merge(pd.read_parquet(target), measured), target)
+    result = _merge(table, measured)
+    print_table(result)
+    return result
+
+
+def _line(cols: dict[str, Any]) -> str:
+    if cols["verify_status"] != "ok":
+        return "FAILED " + str(cols["verify_error"]).splitlines()[-1][:160]
+    state = "feasible" if cols["feasible_measured"] else ("feasible within noise" if cols["feasible_within_noise"] else "INFEASIBLE")
+    ttft, tpot, thr = cols["measured_ttft_ms"], cols["measured_tpot_ms"], cols["measured_throughput_tok_s"]
+    return f"{state}: ttft {ttft:.0f}ms tpot {tpot:.1f}ms thr {thr:.0f}tok/s"
+
+
+def print_table(frame: pd.DataFrame) -> None:
+    cols = ["trial_id"]
+    for metric in ("ttft_ms", "tpot_ms", "throughput_tok_s"):
+        if f"measured_{metric}" in frame:
+            cols += [metric, f"measured_{metric}"]
+    cols += [c for c in ("feasible", "feasible_measured", "feasible_within_noise") if c in frame]
+    print(frame[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if "feasible_measured" in frame:
+        n, strict, loose = len(frame), int(frame["feasible_measured"].sum()), int(frame["feasible_within_noise"].sum())
+        print(f"\nmeasured feasible: {strict}/{n}; within noise: {loose}/{n}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or args[0] in ("-h", "--help"):
+        print("usage: python -m autocompress.verify results/<scenario>/<run_id>/pareto.parquet", file=sys.stderr)
+        sys.exit(2 if len(args) != 1 else 0)
+    try:
+        verify(Path(args[0]))
+    except AutoCompressError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

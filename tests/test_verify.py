@@ -1,0 +1,70 @@
+"""Verification of Pareto points in the engine: feasibility from measured medians, and within noise."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from autocompress.config import Constraint
+from autocompress.verify import measured_columns
+
+from .conftest import TINY_CPU, run_cli
+
+ROW = {
+    "status": "ok",
+    "ttft_ms": 100.0,
+    "tpot_ms": 10.0,
+    "throughput_tok_s": 50.0,
+    "peak_gib": 2.0,
+    "kv_capacity_tokens": 4096,
+    "ttft_spread": 0.05,
+    "tpot_spread": 0.02,
+    "throughput_spread": 0.02,
+}
+
+
+def test_measured_feasibility_strict_and_within_noise() -> None:
+    ok = measured_columns([ROW], (Constraint("ttft_ms", 120.0), Constraint("throughput_tok_s", 40.0)))
+    assert ok["feasible_measured"] and ok["feasible_within_noise"] and ok["measured_memory_gib"] == 2.0
+    # 100 ms against a 97 ms bound: violated, but within the 5% run-to-run spread
+    close = measured_columns([ROW], (Constraint("ttft_ms", 97.0),))
+    assert not close["feasible_measured"] and close["feasible_within_noise"]
+    far = measured_columns([ROW], (Constraint("tpot_ms", 8.0),))
+    assert not far["feasible_measured"] and not far["feasible_within_noise"]
+    failed = measured_columns([{"status": "failed", "error": "engine died"}], (Constraint("tpot_ms", 8.0),))
+    assert failed["verify_status"] == "failed" and not failed["feasible_measured"]
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    out = run_cli("autocompress.verify", str(tmp_path / "pareto.parquet"))
+    assert out.returncode == 2 and "does not exist" in out.stderr
+
+
+@pytest.mark.vllm
+@pytest.mark.ray
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_verify_writes_measured_columns(tmp_path: Path) -> None:
+    # vLLM's CPU attention needs head_dim >= 32: 128 hidden / 4 heads
+    overrides = [
+        *TINY_CPU,
+        "model.hidden_size=128",
+        "model.intermediate_size=256",
+        "search.space.hidden_divisor=32",
+        "search.space.ffn_divisor=64",
+        "sweep.num_trials=1",
+        "profile.repeats=1",
+        "profile.warmup=0",
+    ]
+    sweep = run_cli("autocompress.sweep", "+scenario=cpu_interactive", *overrides, f"results.dir={tmp_path}", "results.run_id=v")
+    assert sweep.returncode == 0, sweep.stderr[-2000:]
+    pareto_path = tmp_path / "cpu_interactive" / "v" / "pareto.parquet"
+    out = run_cli("autocompress.verify", str(pareto_path), timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    pareto = pd.read_parquet(pareto_path)
+    assert (pareto["verify_status"] == "ok").all()
+    assert (pareto["measured_tpot_ms"] > 0).all() and pareto["feasible_measured"].dtype == bool
+    trials = pd.read_parquet(tmp_path / "cpu_interactive" / "v" / "trials.parquet")
+    assert "measured_ttft_ms" in trials and "measured feasible:" in out.stdout
