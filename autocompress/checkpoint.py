@@ -1,0 +1,52 @@
+"""Load a checkpoint folder (an export, a distilled model, any Llama-family model) or the configured base model, with a tokenizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autocompress.config import ModelSpec
+from autocompress.errors import ConfigError
+from autocompress.models import load_base_model
+
+BASE = "base"  # the name that means "the configured base model" on command lines
+
+
+@dataclass
+class Loaded:
+    model: Any  # fp32, eval mode
+    tokenizer: Any
+    name: str  # what tables call it
+    path: str | None  # checkpoint folder (None for the in-process tiny model)
+
+
+def has_tokenizer(path: Path) -> bool:
+    return any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+
+
+def load_checkpoint(path: str | Path, base: ModelSpec) -> Loaded:
+    """`path` = a checkpoint folder (or hub id), or `base` for the configured base model.
+
+    A folder without tokenizer files (exports of the tiny test model) uses the base model's tokenizer.
+    DeciLM checkpoints carry their own code (`trust_remote_code`).
+    """
+    if str(path) == BASE:
+        loaded = load_base_model(base)
+        return Loaded(loaded.model, loaded.tokenizer, base.name, loaded.path)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(path)
+    if not folder.exists() and (str(path).startswith((".", "/")) or folder.suffix):
+        raise ConfigError(f"checkpoint {path} does not exist; give an exported or distilled model folder (or `base`)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=True, dtype=torch.float32)
+    except OSError as exc:
+        raise ConfigError(f"{path} could not be loaded as a model ({exc}); give a checkpoint folder with config.json") from exc
+    tokenizer = (
+        AutoTokenizer.from_pretrained(str(path)) if not folder.exists() or has_tokenizer(folder) else load_base_model(base).tokenizer
+    )
+    model.eval()
+    return Loaded(model, tokenizer, folder.name or str(path), str(path))

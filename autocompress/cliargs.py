@@ -1,0 +1,57 @@
+"""`python -m autocompress.X POSITIONAL key=value ...`: short keys of one config group, other keys as Hydra overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from autocompress.errors import ConfigError
+
+
+class UsageError(ConfigError):
+    """The command line is malformed (entry points print their usage after the message)."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """A parsed command line: positional arguments, the command's own options, and the composed config."""
+
+    positional: list[str]
+    options: dict[str, str]  # keys the command handles itself (out=, overwrite=, ...)
+    config: dict[str, Any]  # the project's composed config (conf/config.yaml + overrides), plain data
+
+
+def parse(argv: list[str], group: str, spec: type, options: tuple[str, ...] = ()) -> Command:
+    """Split `argv`: `key=value` for a field of `spec` becomes `group.key=value`, `options` stay with the command,
+    anything else (`model=tiny_llama`, `data.seq_len=64`, `model.path=DIR`) is a Hydra override of conf/config.yaml."""
+    from autocompress.compose import compose_dict
+
+    fields = {f.name for f in dataclasses.fields(spec)}
+    positional, own, overrides = [], {}, []
+    for arg in argv:
+        if "=" not in arg:
+            positional.append(arg)
+            continue
+        key, value = arg.split("=", 1)
+        if key in options:
+            own[key] = value
+        elif key.split(".")[0] in fields:
+            if "," in value and not value.startswith("["):
+                value = f"[{value}]"  # tasks=a,b means the list, not a Hydra multirun
+            overrides.append(f"{group}.{key}={value}")
+        else:
+            overrides.append(arg)
+    try:
+        config = compose_dict(*overrides)
+    except ConfigError:
+        raise
+    except Exception as exc:  # Hydra's own errors: unknown key, bad group option
+        raise UsageError(f"{' '.join(overrides)}: {exc}") from exc
+    return Command(positional, own, config)
+
+
+def flag(key: str, value: str) -> bool:
+    if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+        raise UsageError(f"{key}={value}: expected true or false")
+    return value.lower() in ("true", "1", "yes")

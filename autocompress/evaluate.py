@@ -1,0 +1,500 @@
+"""`python -m autocompress.evaluate MODEL`: zero-shot accuracy by log-likelihood (lm-evaluation-harness's metrics) and perplexity.
+
+Multiple choice: the log-likelihood of every answer given the prompt; `acc` takes the largest sum,
+`acc_norm` the largest sum divided by the answer's UTF-8 byte length. LAMBADA: `acc` = every
+target token is the greedy one, `perplexity` = exp(-mean over items of the target's
+log-likelihood). Corpus perplexity: exp of the mean token NLL over disjoint windows of a text file.
+The average is the mean over the benchmarks of each one's headline metric (`tasks.TASKS`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from autocompress.config import ModelSpec, build
+from autocompress.errors import AutoCompressError, ConfigError
+from autocompress.tasks import TASKS, Item, check_task_names, data_dir, load_items
+
+ALL_TASKS = tuple(TASKS)
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """What to evaluate and how (conf/evaluate/default.yaml)."""
+
+    tasks: tuple[str, ...] = ALL_TASKS
+    limit: int = 0  # items per benchmark, a fixed-seed subset; 0 = all
+    seed: int = 0
+    source: Literal["local", "hub", "lm-eval"] = "local"
+    data_dir: str | None = None  # null = <repo>/../shared/data
+    corpus: str | None = "corpora/tinyshakespeare.txt"  # relative to data_dir, or absolute; null = no corpus perplexity
+    corpus_seq_len: int = 512
+    corpus_windows: int = 0  # fixed-seed subset of the corpus's disjoint windows; 0 = all
+    batch_tokens: int = 4096  # padded tokens per forward
+    max_length: int = 2048  # longer requests keep their last tokens (as lm-evaluation-harness does)
+    threads: int = 0  # torch threads; 0 = torch's default
+
+    def __post_init__(self) -> None:
+        check_task_names(self.tasks)
+        for key in ("limit", "corpus_windows", "threads", "corpus_seq_len", "batch_tokens", "max_length"):
+            low = 0 if key in ("limit", "corpus_windows", "threads") else 1
+            if getattr(self, key) < low:
+                raise ConfigError(f"evaluate.{key} must be >= {low}, got {getattr(self, key)!r}")
+        if self.source not in ("local", "hub", "lm-eval"):
+            raise ConfigError(f"evaluate.source={self.source!r} is unknown; use local, hub or lm-eval")
+
+
+# --------------------------------------------------------------------------- log-likelihoods
+
+
+Pair = tuple[list[int], list[int]]  # (context ids, continuation ids)
+Group = tuple[list[int], list[list[int]]]  # (shared context ids, one continuation per choice)
+
+
+def encode_pair(tokenizer: Any, context: str, continuation: str) -> Pair:
+    """lm-evaluation-harness's split: trailing context spaces move to the continuation; the continuation's ids
+    are those of the whole text past the context's (so a merge across the boundary stays in the continuation)."""
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    whole = tokenizer.encode(context + continuation, add_special_tokens=False)
+    ctx = tokenizer.encode(context, add_special_tokens=False) if context else []
+    if not ctx:  # an empty context: the end-of-text token stands in, as in lm-evaluation-harness
+        return [int(getattr(tokenizer, "eos_token_id", 0) or 0)], list(whole)
+    return list(ctx), list(whole[len(ctx) :])
+
+
+def encode_item(tokenizer: Any, item: Item) -> list[Group]:
+    """One group (shared context, every continuation) when the choices share their context, else one group per request."""
+    pairs = [encode_pair(tokenizer, c, t) for c, t in zip(item.contexts, item.continuations, strict=True)]
+    if all(ctx == pairs[0][0] for ctx, _ in pairs):
+        return [(pairs[0][0], [cont for _, cont in pairs])]
+    return [(ctx, [cont]) for ctx, cont in pairs]
+
+
+def _row(group: Group, max_length: int) -> tuple[list[int], list[int], list[int]]:
+    """Packed row of a group: context, then every continuation but its last token, each attending to the context and itself.
+
+    Returns (ids, position ids, segment per token: -1 context, i continuation i). A context too long for
+    `max_length` keeps its last tokens (as lm-evaluation-harness truncates from the left).
+    """
+    ctx, conts = group
+    longest = max(len(c) for c in conts)
+    ctx = ctx[-max(1, max_length + 1 - longest) :]
+    ids, pos, seg = list(ctx), list(range(len(ctx))), [-1] * len(ctx)
+    for i, cont in enumerate(conts):
+        ids += cont[:-1]
+        pos += range(len(ctx), len(ctx) + len(cont) - 1)
+        seg += [i] * (len(cont) - 1)
+    return ids, pos, seg
+
+
+def _mask(segs: list[list[int]], width: int) -> torch.Tensor:
+    """Additive mask [b, 1, s, s]: token q sees token k <= q when k is context or in q's segment; padding sees itself."""
+    b = len(segs)
+    seg = torch.full((b, width), -2, dtype=torch.long)
+    for r, row in enumerate(segs):
+        seg[r, : len(row)] = torch.tensor(row)
+    idx = torch.arange(width)
+    causal = idx[None, :] <= idx[:, None]  # [s, s]
+    same = (seg[:, None, :] == -1) | (seg[:, None, :] == seg[:, :, None])  # [b, s, s]: key is context or same segment
+    allowed = (causal[None] & same & (seg[:, None, :] != -2)) | torch.eye(width, dtype=torch.bool)[None]
+    return torch.zeros(b, 1, width, width).masked_fill_(~allowed[:, None], torch.finfo(torch.float32).min)
+
+
+def _forward_parts(model: Any) -> tuple[Any, Any] | None:
+    """(decoder, LM head) when the model exposes them: logits are then computed for continuation positions only."""
+    inner, head = getattr(model, "model", None), model.get_output_embeddings()
+    return (inner, head) if inner is not None and head is not None else None
+
+
+@torch.no_grad()
+def _score_batch(model: Any, batch: list[Group], max_length: int) -> list[list[tuple[float, bool]]]:
+    """Per group, per continuation: (sum log p(continuation | context), every continuation token greedy)."""
+    rows = [_row(g, max_length) for g in batch]
+    width = max(len(ids) for ids, _, _ in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    positions = torch.zeros(len(rows), width, dtype=torch.long)
+    for r, (row_ids, row_pos, _) in enumerate(rows):
+        ids[r, : len(row_ids)], positions[r, : len(row_pos)] = torch.tensor(row_ids), torch.tensor(row_pos)
+    mask = _mask([seg for _, _, seg in rows], width)
+    where_r, where_p, targets, spans = [], [], [], []
+    for r, ((_, conts), (_, _, seg)) in enumerate(zip(batch, rows, strict=True)):
+        n_ctx = seg.count(-1)
+        for i, cont in enumerate(conts):
+            own = [p for p, s in enumerate(seg) if s == i]
+            where_r += [r] * len(cont)
+            where_p += [n_ctx - 1, *own]  # the last context token predicts the first continuation token
+            targets += cont
+            spans.append(len(cont))
+    which, pos = torch.tensor(where_r), torch.tensor(where_p)
+    parts = _forward_parts(model)
+    if parts is not None:
+        hidden = parts[0](input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
+        logits = parts[1](hidden[which, pos]).float()  # [T, V]: only the positions that predict a continuation token
+    else:
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits[which, pos].float()
+    logp = torch.log_softmax(logits, dim=-1)
+    target = torch.tensor(targets)
+    token_ll, token_greedy = logp.gather(1, target[:, None])[:, 0], logp.argmax(-1) == target
+    flat, start = [], 0
+    for n in spans:
+        flat.append((float(token_ll[start : start + n].sum()), bool(token_greedy[start : start + n].all())))
+        start += n
+    out, k = [], 0
+    for _, conts in batch:
+        out.append(flat[k : k + len(conts)])
+        k += len(conts)
+    return out
+
+
+def _length(group: Group, max_length: int) -> int:
+    return len(_row(group, max_length)[0])
+
+
+def _split_long(groups: Sequence[Group], max_length: int) -> tuple[list[Group], list[int]]:
+    """Groups whose context must be truncated become one group per continuation (each truncated for its own length,
+    as lm-evaluation-harness does); returns the work list and the group each entry belongs to."""
+    work, owner = [], []
+    for g, (ctx, conts) in enumerate(groups):
+        parts = [(ctx, [c]) for c in conts] if len(conts) > 1 and len(ctx) + max(map(len, conts)) - 1 > max_length else [(ctx, conts)]
+        work += parts
+        owner += [g] * len(parts)
+    return work, owner
+
+
+def loglikelihoods(
+    model: Any, groups: Sequence[Group], batch_tokens: int = 4096, max_length: int = 2048, desc: str = "", progress: bool = True
+) -> list[list[tuple[float, bool]]]:
+    """Score every group (longest first, batches of at most `batch_tokens` padded tokens): per continuation (log-likelihood, greedy)."""
+    work, owner = _split_long(groups, max_length)
+    lengths = [_length(g, max_length) for g in work]
+    order = sorted(range(len(work)), key=lambda i: -lengths[i])
+    scored: list[list[tuple[float, bool]]] = [[] for _ in work]
+    bar = tqdm(total=sum(lengths), desc=desc, unit="tok", disable=not progress, dynamic_ncols=True, leave=False)
+    start = 0
+    while start < len(order):
+        size = max(1, batch_tokens // max(1, lengths[order[start]]))
+        chunk = order[start : start + size]
+        for i, res in zip(chunk, _score_batch(model, [work[i] for i in chunk], max_length), strict=True):
+            scored[i] = res
+        bar.update(sum(lengths[i] for i in chunk))
+        start += size
+    bar.close()
+    results: list[list[tuple[float, bool]]] = [[] for _ in groups]
+    for g, res in zip(owner, scored, strict=True):
+        results[g] += res
+    return results
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def choice_metrics(item: Item, lls: Sequence[float]) -> dict[str, float]:
+    """acc: argmax of the summed log-likelihoods is gold; acc_norm: argmax of log-likelihood / UTF-8 bytes of the answer."""
+    norm = [ll / max(1, len(c.encode("utf-8"))) for ll, c in zip(lls, item.choices, strict=True)]
+    return {"acc": float(int(np.argmax(lls)) == item.gold), "acc_norm": float(int(np.argmax(norm)) == item.gold), "loglik": lls[item.gold]}
+
+
+def last_word_metrics(ll: float, greedy: bool) -> dict[str, float]:
+    return {"acc": float(greedy), "loglik": ll}
+
+
+def score_task(model: Any, tokenizer: Any, items: list[Item], spec: EvalSpec, progress: bool = True) -> pd.DataFrame:
+    """One row per item: task, index, acc, acc_norm (multiple choice), loglik (of the gold answer / target), correct (headline)."""
+    if not items:
+        return pd.DataFrame(columns=["task", "index", "acc", "acc_norm", "loglik", "correct"])
+    task = TASKS[items[0].task]
+    groups = [encode_item(tokenizer, it) for it in items]
+    results = loglikelihoods(model, [g for gs in groups for g in gs], spec.batch_tokens, spec.max_length, desc=task.name, progress=progress)
+    rows, start = [], 0
+    for it, gs in zip(items, groups, strict=True):
+        res = [r for group in results[start : start + len(gs)] for r in group]
+        start += len(gs)
+        metrics = choice_metrics(it, [ll for ll, _ in res]) if task.kind == "choice" else last_word_metrics(*res[0])
+        rows.append({"task": it.task, "index": it.index, **metrics})
+    df = pd.DataFrame(rows)
+    if "acc_norm" not in df:
+        df["acc_norm"] = np.nan
+    df["correct"] = df[task.headline]
+    return df[["task", "index", "acc", "acc_norm", "loglik", "correct"]]
+
+
+def corpus_windows(tokenizer: Any, path: Path, seq_len: int, windows: int, seed: int) -> list[list[int]]:
+    """Disjoint `seq_len`-token windows of the file's tokens (a fixed-seed subset of `windows` of them, in order)."""
+    ids = tokenizer.encode(path.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False)
+    chunks = [ids[i : i + seq_len] for i in range(0, len(ids) - seq_len + 1, seq_len)]
+    if not chunks:
+        raise ConfigError(f"{path} holds {len(ids)} tokens, fewer than evaluate.corpus_seq_len={seq_len}; lower it")
+    if 0 < windows < len(chunks):
+        chunks = [chunks[i] for i in sorted(random.Random(f"{seed}:corpus").sample(range(len(chunks)), windows))]
+    return chunks
+
+
+def corpus_perplexity(model: Any, tokenizer: Any, path: Path, spec: EvalSpec, progress: bool = True) -> tuple[float, int]:
+    """(exp of the mean NLL of every token after the first of each window, tokens scored)."""
+    chunks = corpus_windows(tokenizer, path, spec.corpus_seq_len, spec.corpus_windows, spec.seed)
+    groups: list[Group] = [(w[:1], [w[1:]]) for w in chunks]
+    results = loglikelihoods(model, groups, spec.batch_tokens, max(spec.max_length, spec.corpus_seq_len), desc="corpus", progress=progress)
+    tokens = sum(len(w) - 1 for w in chunks)
+    return math.exp(-sum(res[0][0] for res in results) / tokens), tokens
+
+
+def corpus_path(spec: EvalSpec) -> Path | None:
+    if spec.corpus is None:
+        return None
+    path = Path(spec.corpus)
+    path = path if path.is_absolute() else data_dir(spec.data_dir) / path
+    if not path.is_file():
+        raise ConfigError(
+            f"corpus file {path} is missing; point evaluate.corpus at a text file (or evaluate.data_dir), "
+            "or skip it with evaluate.corpus=null"
+        )
+    return path
+
+
+def stderr(values: pd.Series) -> float:
+    """Sample standard error of a mean (lm-evaluation-harness's for acc)."""
+    n = len(values)
+    return float(values.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
+
+
+def task_scores(items: pd.DataFrame) -> pd.DataFrame:
+    """task, metric, value, stderr, n, headline: acc and acc_norm per benchmark, LAMBADA perplexity."""
+    rows = []
+    for name, df in items.groupby("task", sort=False):
+        task = TASKS[str(name)]
+        metrics = ["acc", "acc_norm"] if task.kind == "choice" else ["acc"]
+        for m in metrics:
+            rows.append(
+                {
+                    "task": name,
+                    "metric": m,
+                    "value": float(df[m].mean()),
+                    "stderr": stderr(df[m]),
+                    "n": len(df),
+                    "headline": m == task.headline,
+                }
+            )
+        if task.kind == "last_word":
+            ppl = math.exp(-float(df["loglik"].mean()))
+            rows.append({"task": name, "metric": "perplexity", "value": ppl, "stderr": float("nan"), "n": len(df), "headline": False})
+    return pd.DataFrame(rows)
+
+
+def average(scores: pd.DataFrame) -> float:
+    """Mean over the benchmarks of their headline metric."""
+    head = scores[scores["headline"] & (scores["task"] != "average")]
+    return float(head["value"].mean()) if len(head) else float("nan")
+
+
+# --------------------------------------------------------------------------- running an evaluation
+
+
+@dataclass
+class EvalResult:
+    items: pd.DataFrame  # one row per benchmark item (see score_task)
+    scores: pd.DataFrame  # task, metric, value, stderr, n, headline (incl. average and corpus perplexity)
+    meta: dict[str, Any]
+
+    def score(self, task: str, metric: str | None = None) -> float:
+        df = self.scores[self.scores["task"] == task]
+        df = df[df["headline"]] if metric is None else df[df["metric"] == metric]
+        return float(df["value"].iloc[0]) if len(df) else float("nan")
+
+
+def evaluate_model(model: Any, tokenizer: Any, spec: EvalSpec, name: str = "model", progress: bool = True) -> EvalResult:
+    """Every configured benchmark (and the corpus perplexity) for an already-loaded model."""
+    if spec.source == "lm-eval":
+        raise ConfigError("evaluate.source=lm-eval evaluates a checkpoint folder: use evaluate_checkpoint (or the CLI)")
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    root = data_dir(spec.data_dir)
+    corpus = corpus_path(spec)  # fail before any work when it is missing
+    loaded = {t: load_items(t, spec.source, root, spec.limit, spec.seed) for t in spec.tasks}  # likewise for benchmark files
+    frames, seconds = [], {}
+    model.eval()
+    for n, (task, items) in enumerate(loaded.items(), 1):
+        start = time.time()
+        frames.append(score_task(model, tokenizer, items, spec, progress))
+        seconds[task] = time.time() - start
+        if progress:
+            acc = frames[-1]["correct"].mean()
+            tqdm.write(
+                f"[evaluate] {name}: {task} ({n}/{len(loaded)}) {TASKS[task].headline}={acc:.4f} "
+                f"on {len(items)} items in {seconds[task]:.0f}s"
+            )
+    items_df = pd.concat(frames, ignore_index=True)
+    scores = task_scores(items_df)
+    extra = [
+        {"task": "average", "metric": "headline", "value": average(scores), "stderr": float("nan"), "n": len(spec.tasks), "headline": True}
+    ]
+    if corpus is not None:
+        start = time.time()
+        ppl, tokens = corpus_perplexity(model, tokenizer, corpus, spec, progress)
+        seconds["corpus"] = time.time() - start
+        extra.append({"task": "corpus", "metric": "perplexity", "value": ppl, "stderr": float("nan"), "n": tokens, "headline": False})
+    scores = pd.concat([scores, pd.DataFrame(extra)], ignore_index=True)
+    meta = {"model": name, "spec": dataclasses.asdict(spec), "seconds": seconds, "wall_s": sum(seconds.values())}
+    return EvalResult(items_df, scores, meta)
+
+
+def evaluate_lm_eval(path: str, spec: EvalSpec) -> EvalResult:
+    """The same benchmarks through lm-evaluation-harness (`pip install 'autocompress[lm-eval]'`; needs a dataset hub)."""
+    try:
+        import lm_eval
+    except ImportError as exc:
+        raise ConfigError(
+            "evaluate.source=lm-eval needs lm-evaluation-harness: pip install 'autocompress[lm-eval]' (and a dataset hub)"
+        ) from exc
+    start = time.time()
+    out = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={path},trust_remote_code=True,dtype=float32",
+        tasks=[TASKS[t].lm_eval for t in spec.tasks],
+        num_fewshot=0,
+        limit=spec.limit or None,
+        random_seed=spec.seed,
+        batch_size=1,
+    )
+    rows = []
+    for t in spec.tasks:
+        res = out["results"][TASKS[t].lm_eval]
+        for metric in ("acc", "acc_norm", "perplexity"):
+            if f"{metric},none" in res:
+                rows.append(
+                    {
+                        "task": t,
+                        "metric": metric,
+                        "value": float(res[f"{metric},none"]),
+                        "stderr": float(res.get(f"{metric}_stderr,none", "nan")),
+                        "n": int(out.get("n-samples", {}).get(TASKS[t].lm_eval, {}).get("effective", 0)),
+                        "headline": metric == TASKS[t].headline,
+                    }
+                )
+    scores = pd.DataFrame(rows)
+    scores = pd.concat(
+        [
+            scores,
+            pd.DataFrame(
+                [
+                    {
+                        "task": "average",
+                        "metric": "headline",
+                        "value": average(scores),
+                        "stderr": float("nan"),
+                        "n": len(spec.tasks),
+                        "headline": True,
+                    }
+                ]
+            ),
+        ],
+        ignore_index=True,
+    )
+    items = pd.DataFrame(columns=["task", "index", "acc", "acc_norm", "loglik", "correct"])  # lm-eval's samples are not mapped
+    return EvalResult(items, scores, {"model": path, "spec": dataclasses.asdict(spec), "wall_s": time.time() - start, "backend": "lm-eval"})
+
+
+# --------------------------------------------------------------------------- files and tables
+
+
+def write_result(result: EvalResult, out: Path) -> Path:
+    """items.parquet, scores.parquet, eval.json in `out`, which appears whole (temp folder, then rename)."""
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        result.items.to_parquet(tmp / "items.parquet", index=False)
+        result.scores.to_parquet(tmp / "scores.parquet", index=False)
+        (tmp / "eval.json").write_text(json.dumps(result.meta, indent=2, default=str) + "\n", encoding="utf-8")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def read_result(out: Path) -> EvalResult:
+    if not (out / "eval.json").exists():
+        raise ConfigError(f"{out} is not an evaluation folder (no eval.json); run python -m autocompress.evaluate MODEL out={out}")
+    meta = json.loads((out / "eval.json").read_text(encoding="utf-8"))
+    return EvalResult(pd.read_parquet(out / "items.parquet"), pd.read_parquet(out / "scores.parquet"), meta)
+
+
+def table(result: EvalResult) -> str:
+    """Headline metric per benchmark (in points), the average, and the perplexities."""
+    lines = [f"{'benchmark':<16} {'metric':<10} {'score':>8} {'± stderr':>9} {'n':>6}"]
+    for _, r in result.scores.iterrows():
+        scale = 100.0 if r["metric"] in ("acc", "acc_norm", "headline") else 1.0
+        err = "" if math.isnan(r["stderr"]) else f"{scale * r['stderr']:.2f}"
+        lines.append(f"{r['task']:<16} {r['metric']:<10} {scale * r['value']:>8.2f} {err:>9} {int(r['n']):>6}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- entry point
+
+USAGE = """\
+usage: python -m autocompress.evaluate MODEL [out=DIR] [limit=N] [tasks=a,b] [KEY=VALUE ...]
+
+  MODEL           a checkpoint folder (export, distilled model, any Llama-family model) or `base` (the configured model=...)
+  out=DIR         write items.parquet, scores.parquet, eval.json there (default: results/evaluate/<MODEL name>)
+  limit=N         a fixed-seed subset of N items per benchmark (seed=S); 0 = all
+  tasks=a,b       some of: hellaswag piqa arc_easy arc_challenge winogrande openbookqa sciq lambada_openai
+  data_dir=PATH   the evaluation-data folder (default <repo>/../shared/data); source=hub reads a dataset hub,
+                  source=lm-eval runs lm-evaluation-harness on the same checkpoint
+  corpus=FILE     the perplexity corpus (relative to data_dir; null = none); more keys: conf/evaluate/default.yaml
+  model=NAME      the base model (conf/model/), for `base` and for folders without a tokenizer"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    from autocompress.checkpoint import load_checkpoint
+    from autocompress.cliargs import UsageError, parse
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if args else 2
+    try:
+        cmd = parse(args, "evaluate", EvalSpec, options=("out",))
+        if len(cmd.positional) != 1:
+            raise UsageError("give exactly one MODEL (a checkpoint folder or `base`)")
+        spec = build(EvalSpec, cmd.config.get("evaluate") or {}, "evaluate")
+        base = build(ModelSpec, cmd.config.get("model"), "model")
+        target = cmd.positional[0]
+        out = Path(cmd.options.get("out") or Path(cmd.config["results"]["dir"]) / "evaluate" / Path(target).name)
+        if spec.source == "lm-eval":
+            result = evaluate_lm_eval(target, spec)
+        else:
+            loaded = load_checkpoint(target, base)
+            result = evaluate_model(loaded.model, loaded.tokenizer, spec, name=loaded.name)
+        write_result(result, out)
+        print(table(result))
+        print(f"\nresults: {out / 'scores.parquet'} (per item: {out / 'items.parquet'}); {result.meta['wall_s']:.0f}s")
+    except UsageError as exc:
+        print(f"error: {exc}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    except AutoCompressError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,325 @@
+"""Zero-shot benchmarks as lm-evaluation-harness frames them: items of (context, continuation) requests.
+
+Each benchmark item becomes one request per answer choice (multiple choice) or one request whose
+continuation is the target (LAMBADA's last word). Prompts follow lm-evaluation-harness's task
+definitions (`Question: ...\\nAnswer:`, a space before every continuation, WinoGrande scored by
+partial evaluation: the shared continuation after each filled-in context). Items come from local
+files (the layout of `../shared/data/benchmarks`, see its PROVENANCE.md) or from a dataset hub
+(the datasets lm-evaluation-harness uses). Evaluation data is read here only: nothing in this
+module feeds calibration or distillation.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from autocompress.errors import ConfigError
+
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"  # <repo>/../shared/data
+
+
+@dataclass(frozen=True)
+class Item:
+    """One benchmark item: request i is (contexts[i], continuations[i]); `choices[i]` is what acc_norm divides by."""
+
+    task: str
+    index: int  # position in the source (file line / dataset row), stable across subsets
+    contexts: tuple[str, ...]
+    continuations: tuple[str, ...]
+    choices: tuple[str, ...]  # answer texts without the leading delimiter (acc_norm: UTF-8 bytes)
+    gold: int
+
+
+Kind = Literal["choice", "last_word"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """A benchmark: its local files (relative to the data folder), its hub dataset, and how its rows become items."""
+
+    name: str
+    kind: Kind
+    headline: str  # the metric the average uses: acc or acc_norm
+    files: tuple[str, ...]
+    read_local: Callable[[list[Path]], Iterator[dict[str, Any]]]
+    hub: tuple[str, str | None, str]  # dataset id, config, split (as lm-evaluation-harness loads it)
+    from_local: Callable[[int, dict[str, Any]], Item]
+    from_hub: Callable[[int, dict[str, Any]], Item]
+    lm_eval: str  # the task's name in lm-evaluation-harness
+
+
+# --------------------------------------------------------------------------- prompt helpers
+
+
+def hellaswag_preprocess(text: str) -> str:
+    """lm-evaluation-harness's HellaSwag cleaning: strip, ' [title]' -> '. ', drop [bracketed] tags, squeeze double spaces."""
+    text = text.strip().replace(" [title]", ". ")
+    text = re.sub(r"\[.*?\]", "", text)
+    return text.replace("  ", " ")
+
+
+def _choice(task: str, index: int, context: str, choices: list[str], gold: int) -> Item:
+    """A multiple-choice item: the same context, each answer after a space."""
+    if not 0 <= gold < len(choices):
+        raise ConfigError(f"{task} item {index}: gold index {gold} is outside its {len(choices)} choices")
+    return Item(task, index, (context,) * len(choices), tuple(" " + c for c in choices), tuple(choices), gold)
+
+
+def _question(question: str) -> str:
+    return f"Question: {question}\nAnswer:"
+
+
+def _last_word(task: str, index: int, context: str, word: str) -> Item:
+    return Item(task, index, (context.rstrip(),), (" " + word.strip(),), (word.strip(),), 0)
+
+
+def _winogrande(task: str, index: int, contexts: list[str], continuation: str, gold: int) -> Item:
+    """Partial evaluation: the continuation after each filled-in context; acc_norm = acc (same continuation)."""
+    cont = " " + continuation.strip()
+    return Item(task, index, tuple(c.rstrip() for c in contexts), (cont,) * len(contexts), (continuation.strip(),) * len(contexts), gold)
+
+
+# --------------------------------------------------------------------------- local files
+
+
+def _jsonl(paths: list[Path]) -> Iterator[dict[str, Any]]:
+    with paths[0].open(encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"{paths[0]}:{n} is not a JSON object ({exc.msg})") from exc
+
+
+def _hellaswag_lines(paths: list[Path]) -> Iterator[dict[str, Any]]:
+    """6 lines per item: `activity_label: ctx`, gold index, 4 endings."""
+    lines = paths[0].read_text(encoding="utf-8").splitlines()
+    if len(lines) % 6:
+        raise ConfigError(f"{paths[0]} has {len(lines)} lines, not a multiple of 6 (context, gold, 4 endings per item)")
+    for start in range(0, len(lines), 6):
+        ctx, gold, *endings = lines[start : start + 6]
+        if not gold.strip().isdigit():
+            raise ConfigError(f"{paths[0]}:{start + 2}: expected the gold index (0-3), got {gold!r}")
+        yield {"ctx": ctx, "gold": int(gold), "endings": endings}
+
+
+def _piqa_lines(paths: list[Path]) -> Iterator[dict[str, Any]]:
+    labels = [line.strip() for line in paths[1].read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = list(_jsonl(paths[:1]))
+    if len(rows) != len(labels):
+        raise ConfigError(f"{paths[0]} has {len(rows)} items but {paths[1]} has {len(labels)} labels")
+    for row, label in zip(rows, labels, strict=True):
+        yield {**row, "label": int(label)}
+
+
+# --------------------------------------------------------------------------- the eight benchmarks
+
+
+def _hub_arc(task: str) -> Callable[[int, dict[str, Any]], Item]:
+    def convert(i: int, r: dict[str, Any]) -> Item:
+        labels = list(r["choices"]["label"])
+        return _choice(task, i, _question(r["question"]), list(r["choices"]["text"]), labels.index(r["answerKey"]))
+
+    return convert
+
+
+def _hub_winogrande(i: int, r: dict[str, Any]) -> Item:
+    cut = r["sentence"].index("_")
+    contexts = [r["sentence"][:cut] + r[f"option{k}"] for k in (1, 2)]
+    return _winogrande("winogrande", i, contexts, r["sentence"][cut + 1 :], int(r["answer"]) - 1)
+
+
+def _hub_hellaswag(i: int, r: dict[str, Any]) -> Item:
+    ctx = hellaswag_preprocess(r["activity_label"] + ": " + r["ctx_a"] + " " + r["ctx_b"].capitalize())
+    return _choice("hellaswag", i, ctx, [hellaswag_preprocess(e) for e in r["endings"]], int(r["label"]))
+
+
+def _hub_obqa(i: int, r: dict[str, Any]) -> Item:
+    labels = list(r["choices"]["label"])
+    return _choice("openbookqa", i, r["question_stem"], list(r["choices"]["text"]), labels.index(r["answerKey"].strip()))
+
+
+def _hub_sciq(i: int, r: dict[str, Any]) -> Item:
+    choices = [r["distractor1"], r["distractor2"], r["distractor3"], r["correct_answer"]]
+    return _choice("sciq", i, _question(r["question"]), choices, 3)  # closed book, like the local file
+
+
+def _hub_lambada(i: int, r: dict[str, Any]) -> Item:
+    context, word = r["text"].rsplit(" ", 1)
+    return _last_word("lambada_openai", i, context, word)
+
+
+TASKS: dict[str, Task] = {
+    t.name: t
+    for t in (
+        Task(
+            "hellaswag",
+            "choice",
+            "acc_norm",
+            ("benchmarks/hellaswag/hellaswag_val_full.txt",),
+            _hellaswag_lines,
+            ("Rowan/hellaswag", None, "validation"),
+            lambda i, r: _choice(
+                "hellaswag", i, hellaswag_preprocess(r["ctx"]), [hellaswag_preprocess(e) for e in r["endings"]], r["gold"]
+            ),
+            _hub_hellaswag,
+            "hellaswag",
+        ),
+        Task(
+            "piqa",
+            "choice",
+            "acc_norm",
+            ("benchmarks/piqa/valid.jsonl", "benchmarks/piqa/valid-labels.lst"),
+            _piqa_lines,
+            ("baber/piqa", None, "validation"),
+            lambda i, r: _choice("piqa", i, _question(r["goal"]), [r["sol1"], r["sol2"]], r["label"]),
+            lambda i, r: _choice("piqa", i, _question(r["goal"]), [r["sol1"], r["sol2"]], int(r["label"])),
+            "piqa",
+        ),
+        Task(
+            "arc_easy",
+            "choice",
+            "acc_norm",
+            ("benchmarks/arc_easy/arc_easy_test.jsonl",),
+            _jsonl,
+            ("allenai/ai2_arc", "ARC-Easy", "test"),
+            lambda i, r: _choice("arc_easy", i, _question(r["question"]), list(r["choices"]), r["gold"]),
+            _hub_arc("arc_easy"),
+            "arc_easy",
+        ),
+        Task(
+            "arc_challenge",
+            "choice",
+            "acc_norm",
+            ("benchmarks/arc_challenge/arc_challenge_test.jsonl",),
+            _jsonl,
+            ("allenai/ai2_arc", "ARC-Challenge", "test"),
+            lambda i, r: _choice("arc_challenge", i, _question(r["question"]), list(r["choices"]), r["gold"]),
+            _hub_arc("arc_challenge"),
+            "arc_challenge",
+        ),
+        Task(
+            "winogrande",
+            "choice",
+            "acc",
+            ("benchmarks/winogrande/winogrande_dev.jsonl",),
+            _jsonl,
+            ("allenai/winogrande", "winogrande_xl", "validation"),
+            lambda i, r: _winogrande("winogrande", i, list(r["context_options"]), r["continuation"], r["gold"]),
+            _hub_winogrande,
+            "winogrande",
+        ),
+        Task(
+            "openbookqa",
+            "choice",
+            "acc_norm",
+            ("benchmarks/openbookqa/openbookqa_test.jsonl",),
+            _jsonl,
+            ("allenai/openbookqa", "main", "test"),
+            lambda i, r: _choice("openbookqa", i, r["query"], list(r["choices"]), r["gold"]),
+            _hub_obqa,
+            "openbookqa",
+        ),
+        Task(
+            "sciq",
+            "choice",
+            "acc_norm",
+            ("benchmarks/sciq/sciq_test.jsonl",),
+            _jsonl,
+            ("allenai/sciq", None, "test"),
+            lambda i, r: _choice("sciq", i, _question(r["question"]), list(r["choices"]), r["gold"]),
+            _hub_sciq,
+            "sciq",
+        ),
+        Task(
+            "lambada_openai",
+            "last_word",
+            "acc",
+            ("benchmarks/lambada_openai/lambada_openai_test.jsonl",),
+            _jsonl,
+            ("EleutherAI/lambada_openai", "default", "test"),
+            lambda i, r: _last_word("lambada_openai", i, r["context"], r["continuation"]),
+            _hub_lambada,
+            "lambada_openai",
+        ),
+    )
+}
+
+
+def check_task_names(names: tuple[str, ...] | list[str], key: str = "evaluate.tasks") -> None:
+    unknown = [n for n in names if n not in TASKS]
+    if unknown or not names:
+        raise ConfigError(
+            f"{key}: unknown task(s) {unknown}; known: {sorted(TASKS)}" if unknown else f"{key} is empty; name some of {sorted(TASKS)}"
+        )
+
+
+def data_dir(path: str | Path | None) -> Path:
+    """The evaluation-data folder: `path`, or <repo>/../shared/data."""
+    return Path(path).expanduser() if path else DEFAULT_DATA_DIR
+
+
+def task_files(task: Task, root: Path) -> list[Path]:
+    """The task's files under `root`; ConfigError naming the missing file and the options to point elsewhere."""
+    paths = [root / f for f in task.files]
+    for path in paths:
+        if not path.is_file():
+            raise ConfigError(
+                f"benchmark file {path} is missing ({task.name}); point evaluate.data_dir at a folder holding {task.files[0]} "
+                f"(layout and sources: ../shared/data/PROVENANCE.md), or read the benchmarks from a dataset hub with evaluate.source=hub"
+            )
+    return paths
+
+
+def _rows_local(task: Task, root: Path) -> list[dict[str, Any]]:
+    return list(task.read_local(task_files(task, root)))
+
+
+def _rows_hub(task: Task) -> list[dict[str, Any]]:
+    try:
+        import datasets
+    except ImportError as exc:  # pragma: no cover - a dependency of the project
+        raise ConfigError("evaluate.source=hub needs the `datasets` package: pip install datasets") from exc
+    name, config, split = task.hub
+    try:
+        ds: Any = datasets.load_dataset(name, config, split=split)
+    except Exception as exc:
+        raise ConfigError(
+            f"{task.name}: the dataset {name} ({config or 'default'}, {split}) could not be loaded from the hub ({exc}); "
+            "use the local files with evaluate.source=local evaluate.data_dir=PATH"
+        ) from exc
+    return [dict(row) for row in ds]
+
+
+def subset(n: int, limit: int, seed: int, task: str) -> list[int]:
+    """Indices of a fixed-seed subset of `limit` of `n` items (all when limit is 0 or >= n), ascending."""
+    if limit <= 0 or limit >= n:
+        return list(range(n))
+    return sorted(random.Random(f"{seed}:{task}").sample(range(n), limit))
+
+
+def load_items(name: str, source: str, root: Path, limit: int = 0, seed: int = 0) -> list[Item]:
+    """Items of benchmark `name` from `source` (local | hub): all, or a fixed-seed subset of `limit`."""
+    task = TASKS[name]
+    rows = _rows_local(task, root) if source == "local" else _rows_hub(task)
+    convert = task.from_local if source == "local" else task.from_hub
+    items = []
+    for i in subset(len(rows), limit, seed, name):
+        try:
+            items.append(convert(i, rows[i]))
+        except (KeyError, TypeError, ValueError) as exc:
+            where = task.files[0] if source == "local" else task.hub[0]
+            raise ConfigError(f"{name} item {i} of {where} does not have the expected format ({type(exc).__name__}: {exc})") from exc
+    return items
+
+
+def headline_metrics(names: Mapping[str, Task] | None = None) -> dict[str, str]:
+    """task -> the metric the average uses."""
+    return {n: t.headline for n, t in (names or TASKS).items()}

@@ -1,0 +1,204 @@
+"""Zero-shot scoring: hand-made items with known log-likelihoods, packed scoring against plain forwards, every benchmark file."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pandas as pd
+import pytest
+import torch
+
+from autocompress.errors import ConfigError
+from autocompress.evaluate import (
+    EvalSpec,
+    choice_metrics,
+    encode_item,
+    encode_pair,
+    evaluate_model,
+    loglikelihoods,
+    main,
+    score_task,
+    task_scores,
+)
+from autocompress.models import ByteTokenizer
+from autocompress.tasks import TASKS, Item, load_items, subset
+
+from .conftest import SHARED_DATA
+
+needs_data = pytest.mark.skipif(not (SHARED_DATA / "benchmarks").is_dir(), reason=f"evaluation data not found at {SHARED_DATA}")
+# examples per file, as ../shared/data/PROVENANCE.md lists them
+SIZES = {
+    "hellaswag": 10042,
+    "piqa": 1838,
+    "arc_easy": 2376,
+    "arc_challenge": 1172,
+    "winogrande": 1267,
+    "openbookqa": 500,
+    "sciq": 1000,
+    "lambada_openai": 5153,
+}
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class FixedLM(torch.nn.Module):
+    """A language model whose next-byte distribution ignores the context: log p(byte) = LOGP[byte]."""
+
+    def __init__(self, logp: torch.Tensor) -> None:
+        super().__init__()
+        self.logp = logp
+
+    def get_output_embeddings(self) -> None:
+        return None  # no (decoder, head) split: the scorer takes the full logits
+
+    def forward(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
+        return SimpleNamespace(logits=self.logp.expand(*input_ids.shape, -1))
+
+
+def fixed_lm(**byte_probs: float) -> FixedLM:
+    """Named bytes get the given probabilities, the rest share what is left."""
+    p = torch.zeros(256)
+    for ch, prob in byte_probs.items():
+        p[ord(ch)] = prob
+    rest = 1 - sum(byte_probs.values())
+    p[p == 0] = rest / int((p == 0).sum())
+    return FixedLM(p.log())
+
+
+def test_acc_and_acc_norm_differ_where_they_should() -> None:
+    item = Item("arc_easy", 0, ("Q",) * 2, (" a", " bbbbbbbbbb"), ("a", "bbbbbbbbbb"), gold=1)
+    # raw sums prefer the short answer; per byte the long one is better
+    assert choice_metrics(item, [-2.0, -5.0]) == {"acc": 0.0, "acc_norm": 1.0, "loglik": -5.0}
+    assert choice_metrics(item, [-6.0, -5.0])["acc"] == 1.0
+    # bytes, not characters: "é" is 2 bytes
+    accented = Item("piqa", 0, ("Q",) * 2, (" éé", " abc"), ("éé", "abc"), gold=0)
+    assert choice_metrics(accented, [-3.9, -3.0])["acc_norm"] == 1.0  # -3.9/4 > -3.0/3
+
+
+def test_known_log_likelihoods_score_as_lm_eval_defines() -> None:
+    model = fixed_lm(**{" ": 0.25, "a": 0.5, "b": 0.125})
+    tok, spec = ByteTokenizer(), EvalSpec(batch_tokens=64)
+    pairs = [encode_pair(tok, "Q:", " a"), encode_pair(tok, "Q:", " bb")]
+    lls = loglikelihoods(model, [(pairs[0][0], [pairs[0][1], pairs[1][1]])], progress=False)[0]
+    assert lls[0][0] == pytest.approx(math.log(0.25) + math.log(0.5))
+    assert lls[1][0] == pytest.approx(math.log(0.25) + 2 * math.log(0.125))
+    assert not lls[0][1] and not lls[1][1]  # greedy needs every token to be the argmax, and the space is not
+    items = [
+        Item("hellaswag", 0, ("Q:",) * 2, (" a", " bb"), ("a", "bb"), gold=0),  # acc 1, acc_norm 1
+        Item("hellaswag", 1, ("Q:",) * 2, (" a", " bbbbbbbbbbbbbbbbbbbb"), ("a", "b" * 20), gold=1),
+    ]
+    df = score_task(model, tok, items, spec, progress=False)
+    assert df["acc"].tolist() == [1.0, 0.0] and df["acc_norm"].tolist() == [1.0, 0.0]
+    # LAMBADA: greedy only if every target byte is the argmax ('a'); perplexity = exp(-mean loglik)
+    lam = [Item("lambada_openai", i, ("ctx",), (w,), (w.strip(),), 0) for i, w in enumerate(["a", "aa", "ab"])]
+    df = score_task(model, tok, lam, spec, progress=False)
+    assert df["acc"].tolist() == [1.0, 1.0, 0.0]
+    scores = task_scores(df).set_index("metric")
+    expected = math.exp(-(math.log(0.5) + 2 * math.log(0.5) + math.log(0.5) + math.log(0.125)) / 3)
+    assert scores.loc["perplexity", "value"] == pytest.approx(expected)
+
+
+def test_encode_pair_moves_trailing_spaces_and_stands_in_for_an_empty_context() -> None:
+    tok = ByteTokenizer()
+    assert encode_pair(tok, "ab ", "c") == ([97, 98], [32, 99])
+    assert encode_pair(tok, "", "xy") == ([0], [120, 121])
+
+
+def test_packed_choices_score_like_separate_forwards(tiny_model: Any) -> None:
+    tok = ByteTokenizer()
+    items = [
+        Item("arc_easy", 0, ("Question: why?\nAnswer:",) * 3, (" because", " no", " it is so"), ("because", "no", "it is so"), 0),
+        Item("winogrande", 1, ("Anna", "Bob"), (" left.", " left."), ("left.", "left."), 1),
+        Item("lambada_openai", 2, ("a long context",), (" word",), ("word",), 0),
+    ]
+    groups = [g for it in items for g in encode_item(tok, it)]
+    assert [len(g[1]) for g in groups] == [3, 1, 1, 1]  # shared context packed; different contexts apart
+    for max_length in (2048, 12):  # 12: contexts truncated from the left
+        packed = loglikelihoods(tiny_model, groups, batch_tokens=40, max_length=max_length, progress=False)
+        for (ctx, conts), res in zip(groups, packed, strict=True):
+            for cont, (ll, greedy) in zip(conts, res, strict=True):
+                ids = torch.tensor([(ctx + cont)[-(max_length + 1) :][:-1]])
+                with torch.no_grad():
+                    logp = torch.log_softmax(tiny_model(ids).logits.float(), -1)[0, -len(cont) :]
+                target = torch.tensor(cont)
+                assert ll == pytest.approx(float(logp.gather(1, target[:, None]).sum()), abs=1e-4)
+                assert greedy == bool((logp.argmax(-1) == target).all())
+
+
+def test_subsets_are_fixed_by_seed() -> None:
+    assert subset(100, 10, 0, "piqa") == subset(100, 10, 0, "piqa") != subset(100, 10, 1, "piqa")
+    assert subset(100, 10, 0, "piqa") != subset(100, 10, 0, "sciq") and subset(5, 10, 0, "x") == list(range(5))
+
+
+@needs_data
+@pytest.mark.parametrize("task", list(TASKS))
+def test_each_benchmark_file_parses(task: str) -> None:
+    items = load_items(task, "local", SHARED_DATA)
+    assert len(items) == SIZES[task]
+    for it in items[:50]:
+        assert len(it.contexts) == len(it.continuations) == len(it.choices) >= (2 if TASKS[task].kind == "choice" else 1)
+        assert 0 <= it.gold < len(it.choices) and all(c.startswith(" ") and c.strip() for c in it.continuations)
+    few = load_items(task, "local", SHARED_DATA, limit=7, seed=3)
+    assert [it.index for it in few] == subset(SIZES[task], 7, 3, task)
+
+
+def test_hub_rows_become_the_same_items_as_local_rows() -> None:
+    arc = TASKS["arc_easy"].from_hub(0, {"question": "Q?", "choices": {"text": ["x", "y"], "label": ["A", "B"]}, "answerKey": "B"})
+    assert arc == TASKS["arc_easy"].from_local(0, {"question": "Q?", "choices": ["x", "y"], "gold": 1})
+    wino = TASKS["winogrande"].from_hub(0, {"sentence": "Ann beat Bob so _ won.", "option1": "Ann", "option2": "Bob", "answer": "1"})
+    assert wino.contexts == ("Ann beat Bob so Ann", "Ann beat Bob so Bob") and wino.continuations == (" won.", " won.") and wino.gold == 0
+    sciq = TASKS["sciq"].from_hub(3, {"question": "Q?", "distractor1": "a", "distractor2": "b", "distractor3": "c", "correct_answer": "d"})
+    assert sciq.gold == 3 and sciq.contexts[0] == "Question: Q?\nAnswer:"
+    lam = TASKS["lambada_openai"].from_hub(0, {"text": "he said hello"})
+    assert lam.contexts == ("he said",) and lam.continuations == (" hello",)
+
+
+def test_a_missing_file_names_it_and_the_option(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"piqa/valid\.jsonl is missing.*evaluate\.data_dir"):
+        load_items("piqa", "local", tmp_path)
+    with pytest.raises(ConfigError, match="unknown task"):
+        EvalSpec(tasks=("piqa", "mmlu"))
+
+
+def test_lm_eval_route_says_what_to_install(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("hydra")
+    try:
+        import lm_eval  # noqa: F401
+
+        pytest.skip("lm-eval is installed here")
+    except ImportError:
+        pass
+    assert main(["some/model", "source=lm-eval", "model=tiny_llama"]) == 2
+    assert "pip install 'autocompress[lm-eval]'" in capsys.readouterr().err
+
+
+@needs_data
+def test_cli_writes_parquet_for_the_tiny_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "eval"
+    assert (
+        main(["base", "model=tiny_llama", "limit=3", "tasks=piqa,lambada_openai", "corpus_windows=2", "corpus_seq_len=64", f"out={out}"])
+        == 0
+    )
+    scores = pd.read_parquet(out / "scores.parquet")
+    assert set(scores["task"]) == {"piqa", "lambada_openai", "average", "corpus"}
+    assert len(pd.read_parquet(out / "items.parquet")) == 6 and "average" in capsys.readouterr().out
+    assert main(["base", "model=tiny_llama", "tasks=nope"]) == 2
+
+
+@needs_data
+def test_evaluation_of_a_model_is_deterministic(tiny_model: Any) -> None:
+    spec = EvalSpec(tasks=("winogrande", "openbookqa"), limit=4, corpus=None)
+    a = evaluate_model(tiny_model, ByteTokenizer(), spec, progress=False)
+    b = evaluate_model(tiny_model, ByteTokenizer(), spec, progress=False)
+    pd.testing.assert_frame_equal(a.items, b.items)
+    assert a.score("average") == pytest.approx((a.score("winogrande") + a.score("openbookqa")) / 2)
