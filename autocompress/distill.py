@@ -1,0 +1,348 @@
+"""`python -m autocompress.distill STUDENT out=DIR`: recover a pruned checkpoint by distillation from the unpruned teacher.
+
+Loss per token = T^2 KL(softmax(teacher / T) || softmax(student / T)) (+ w * ||P h_s - h_t||^2 / ||h_t||^2 on the
+final hidden states, P a learned projection initialised by least squares). The text is the calibration source
+(`data.*`, the Python standard library by default; never evaluation data), cut into `tokens / (batch * seq_len)`
+steps of AdamW with warm-up and cosine decay. Every `save_every` steps the student, optimiser and loss log are
+saved beside the output (`.<out>.distill/`); a rerun with the same settings resumes there. The distilled model
+appears at `out` only when training has finished (temp folder, then rename).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from autocompress.config import DataSpec, ModelSpec, build
+from autocompress.data import load_token_data
+from autocompress.errors import AutoCompressError, ConfigError
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+@dataclass(frozen=True)
+class DistillSpec:
+    """Distillation budget and optimiser (conf/distill/default.yaml)."""
+
+    tokens: int = 131072  # training tokens (steps = tokens / (batch_size * seq_len), rounded up)
+    seq_len: int = 256
+    batch_size: int = 4
+    lr: float = 1e-4  # peak AdamW step
+    min_lr_ratio: float = 0.1  # cosine decay down to lr * this
+    warmup_steps: int = 8
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0  # max gradient norm; 0 = none
+    temperature: float = 1.0
+    hidden_weight: float = 0.0  # weight of the final-hidden-state term; 0 = logit KL only
+    save_every: int = 16  # steps between resumable checkpoints
+    eval_sequences: int = 8  # held-out calibration sequences for the KL before and after
+    threads: int = 0  # torch threads; 0 = torch's default
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("tokens", "seq_len", "batch_size", "lr", "temperature", "save_every", "eval_sequences"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"distill.{key} must be > 0, got {getattr(self, key)!r}")
+        for key in ("warmup_steps", "weight_decay", "grad_clip", "hidden_weight", "threads"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"distill.{key} must be >= 0, got {getattr(self, key)!r}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"distill.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
+
+    @property
+    def steps(self) -> int:
+        return math.ceil(self.tokens / (self.batch_size * self.seq_len))
+
+
+@dataclass
+class DistillResult:
+    out: Path
+    steps: int
+    tokens: int
+    kl_before: float  # held-out KL(teacher || student), nats/token
+    kl_after: float
+    wall_s: float  # this invocation
+    resumed_from: int  # step the run started at (0 = from scratch)
+    log: list[dict[str, float]]
+
+
+# --------------------------------------------------------------------------- losses
+
+
+def forward(model: Any, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(final hidden states [b, s, d], logits [b, s, V])."""
+    hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+    return hidden, model.lm_head(hidden)
+
+
+def kl_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """T^2 * mean over tokens of KL(softmax(teacher / T) || softmax(student / T))."""
+    logp_s = torch.log_softmax(student_logits.float() / temperature, dim=-1).flatten(0, -2)
+    logp_t = torch.log_softmax(teacher_logits.float() / temperature, dim=-1).flatten(0, -2)
+    return F.kl_div(logp_s, logp_t, log_target=True, reduction="batchmean") * temperature**2
+
+
+def hidden_loss(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, proj: torch.nn.Linear) -> torch.Tensor:
+    """||P h_s - h_t||^2 / ||h_t||^2 over all tokens (scale-free)."""
+    t = teacher_hidden.float()
+    return (proj(student_hidden.float()) - t).pow(2).sum() / t.pow(2).sum().clamp_min(1e-12)
+
+
+def init_projection(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor) -> torch.nn.Linear:
+    """Linear map student -> teacher hidden states fitted by least squares on one batch."""
+    x, y = student_hidden.detach().float().flatten(0, -2), teacher_hidden.detach().float().flatten(0, -2)
+    proj = torch.nn.Linear(x.shape[-1], y.shape[-1], bias=False)
+    with torch.no_grad():
+        proj.weight.copy_(torch.linalg.lstsq(x, y).solution.T)
+    return proj
+
+
+@torch.no_grad()
+def heldout_kl(student: Any, teacher: Any, tokens: torch.Tensor, batch_size: int = 4) -> float:
+    """Mean KL(teacher || student) per token on `tokens` [n, s]."""
+    total = 0.0
+    for start in range(0, len(tokens), batch_size):
+        ids = tokens[start : start + batch_size]
+        total += float(kl_loss(forward(student, ids)[1], forward(teacher, ids)[1])) * ids.numel()
+    return total / tokens.numel()
+
+
+def lr_factor(step: int, spec: DistillSpec) -> float:
+    """Linear warm-up to 1, then cosine decay to min_lr_ratio at the last step."""
+    if step < spec.warmup_steps:
+        return (step + 1) / spec.warmup_steps
+    span = max(1, spec.steps - spec.warmup_steps)
+    progress = min(1.0, (step - spec.warmup_steps) / span)
+    return spec.min_lr_ratio + (1 - spec.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+# --------------------------------------------------------------------------- resumable state
+
+
+def work_dir(out: Path) -> Path:
+    """Where the resumable state of a distillation into `out` lives (beside it)."""
+    return out.with_name(f".{out.name}.distill")
+
+
+def fingerprint(student_dir: Path, spec: DistillSpec, data: DataSpec) -> dict[str, Any]:
+    return {"student": str(student_dir.resolve()), "distill": dataclasses.asdict(spec), "data": dataclasses.asdict(data)}
+
+
+def _save_state(path: Path, state: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def _write_log(path: Path, log: list[dict[str, float]]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with tmp.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(log[0]) if log else ["step"])
+        writer.writeheader()
+        writer.writerows(log)
+    os.replace(tmp, path)
+
+
+def _load_state(work: Path, expected: dict[str, Any]) -> dict[str, Any] | None:
+    path = work / "state.pt"
+    if not path.exists():
+        return None
+    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
+    if state["fingerprint"] != expected:
+        changed = sorted(k for k in expected if state["fingerprint"].get(k) != expected[k])
+        raise ConfigError(
+            f"{work} holds a distillation with other settings ({', '.join(changed)} differ); "
+            f"rerun with the same settings to resume it, or add resume=false to start over"
+        )
+    return state
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def _finish(student: Any, student_dir: Path, out: Path, summary: dict[str, Any], log: list[dict[str, float]]) -> None:
+    """Write the distilled checkpoint to `out` whole: weights and config, the source's other files, the log."""
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        student.save_pretrained(tmp)
+        for f in student_dir.iterdir():
+            if f.is_file() and f.name not in WEIGHT_FILES and not (tmp / f.name).exists():
+                shutil.copyfile(f, tmp / f.name)  # tokenizer, DeciLM code, generation config, model card
+        _write_log(tmp / "distill_log.csv", log)
+        (tmp / "distill.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def distill(
+    student_dir: Path,
+    out: Path,
+    teacher: Any,
+    tokenizer: Any,
+    data: DataSpec,
+    spec: DistillSpec,
+    overwrite: bool = False,
+    resume: bool = True,
+    progress: bool = True,
+    on_step: Callable[[dict[str, float]], None] | None = None,
+) -> DistillResult:
+    """Distil the checkpoint in `student_dir` from `teacher` (a loaded, frozen model) into `out`."""
+    from transformers import AutoModelForCausalLM
+
+    if out.exists() and not overwrite:
+        raise ConfigError(f"{out} already exists; choose a new out=DIR or add overwrite=true")
+    if out.resolve() == student_dir.resolve():
+        raise ConfigError(f"out={out} is the student checkpoint itself; choose another folder")
+    start_time = time.time()
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    steps, b = spec.steps, spec.batch_size
+    tokens = load_token_data(
+        dataclasses.replace(data, seq_len=spec.seq_len, calib_sequences=steps * b, heldout_sequences=spec.eval_sequences), tokenizer
+    )
+    work = work_dir(out)
+    expected = fingerprint(student_dir, spec, data)
+    if not resume:
+        shutil.rmtree(work, ignore_errors=True)
+    state = _load_state(work, expected)
+    student = AutoModelForCausalLM.from_pretrained(str(student_dir), trust_remote_code=True, dtype=torch.float32)
+    teacher.eval().requires_grad_(False)
+    proj = None
+    if spec.hidden_weight > 0:
+        with torch.no_grad():
+            proj = init_projection(forward(student, tokens.calib[:b])[0], forward(teacher, tokens.calib[:b])[0])
+    params = list(student.parameters()) + (list(proj.parameters()) if proj is not None else [])
+    opt = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), weight_decay=spec.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, spec))
+    if state is None:
+        kl_before, first, log = heldout_kl(student, teacher, tokens.heldout), 0, []
+    else:
+        student.load_state_dict(state["student"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        if proj is not None:
+            proj.load_state_dict(state["proj"])
+        kl_before, first, log = state["kl_before"], state["step"], state["log"]
+    student.train()
+    bar = tqdm(range(first, steps), desc="distill", initial=first, total=steps, disable=not progress, dynamic_ncols=True)
+    for step in bar:
+        ids = tokens.calib[step * b : (step + 1) * b]
+        with torch.no_grad():
+            t_hidden, t_logits = forward(teacher, ids)
+        s_hidden, s_logits = forward(student, ids)
+        kl = kl_loss(s_logits, t_logits, spec.temperature)
+        hid = hidden_loss(s_hidden, t_hidden, proj) if proj is not None else torch.zeros(())
+        loss = kl + spec.hidden_weight * hid
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if spec.grad_clip:
+            torch.nn.utils.clip_grad_norm_(params, spec.grad_clip)
+        lr = opt.param_groups[0]["lr"]
+        opt.step()
+        sched.step()
+        record = {
+            "step": step + 1,
+            "tokens": (step + 1) * ids.numel(),
+            "loss": loss.item(),
+            "kl": kl.item(),
+            "hidden": hid.item(),
+            "lr": lr,
+        }
+        record["elapsed_s"] = time.time() - start_time
+        log.append(record)
+        bar.set_postfix(loss=f"{record['loss']:.4f}", kl=f"{record['kl']:.4f}", lr=f"{lr:.2g}", refresh=False)
+        if (step + 1) % spec.save_every == 0 and step + 1 < steps:
+            work.mkdir(parents=True, exist_ok=True)
+            state = {"fingerprint": expected, "step": step + 1, "student": student.state_dict(), "optimizer": opt.state_dict()}
+            state |= {"scheduler": sched.state_dict(), "proj": proj.state_dict() if proj is not None else None}
+            _save_state(work / "state.pt", {**state, "kl_before": kl_before, "log": log})
+            _write_log(work / "distill_log.csv", log)
+        if on_step is not None:
+            on_step(record)
+    bar.close()
+    student.eval()
+    kl_after = heldout_kl(student, teacher, tokens.heldout)
+    wall = time.time() - start_time
+    summary = {
+        "student": str(student_dir),
+        "steps": steps,
+        "tokens": steps * b * spec.seq_len,
+        "kl_before": kl_before,
+        "kl_after": kl_after,
+        "resumed_from": first,
+        "wall_s_last_run": wall,
+        "spec": dataclasses.asdict(spec),
+        "data": dataclasses.asdict(data),
+    }
+    _finish(student, student_dir, out, summary, log)
+    shutil.rmtree(work, ignore_errors=True)
+    return DistillResult(out, steps, steps * b * spec.seq_len, kl_before, kl_after, wall, first, log)
+
+
+# --------------------------------------------------------------------------- entry point
+
+USAGE = """\
+usage: python -m autocompress.distill STUDENT out=DIR [tokens=N] [KEY=VALUE ...] [overwrite=true] [resume=false]
+
+  STUDENT         a pruned checkpoint folder (python -m autocompress.export ... out=STUDENT)
+  out=DIR         the distilled checkpoint (appears when training ends; the resumable state lives in .DIR.distill/)
+  tokens=N        the training-token budget; also seq_len, batch_size, lr, temperature, hidden_weight, save_every, ...
+                  (conf/distill/default.yaml)
+  teacher=DIR     the teacher (default `base`: the configured model=...; the student must be pruned from it)
+  data.source=... the distillation text (default the calibration source: Python stdlib sources); never evaluation data
+  resume=false    start over instead of resuming an interrupted run with the same settings"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    from autocompress.checkpoint import BASE, load_checkpoint
+    from autocompress.cliargs import UsageError, flag, parse
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if args else 2
+    try:
+        cmd = parse(args, "distill", DistillSpec, options=("out", "teacher", "overwrite", "resume"))
+        if len(cmd.positional) != 1 or not cmd.options.get("out"):
+            raise UsageError("give the STUDENT checkpoint folder and out=DIR")
+        spec = build(DistillSpec, cmd.config.get("distill") or {}, "distill")
+        data = build(DataSpec, cmd.config.get("data") or {}, "data")
+        base = build(ModelSpec, cmd.config.get("model"), "model")
+        student = Path(cmd.positional[0])
+        if not (student / "config.json").exists():
+            raise ConfigError(f"{student} is not a checkpoint folder (no config.json); export one with python -m autocompress.export")
+        teacher = load_checkpoint(cmd.options.get("teacher", BASE), base)
+        overwrite, resume = (flag(k, cmd.options.get(k, default)) for k, default in (("overwrite", "false"), ("resume", "true")))
+        res = distill(student, Path(cmd.options["out"]), teacher.model, teacher.tokenizer, data, spec, overwrite, resume)
+    except UsageError as exc:
+        print(f"error: {exc}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    except AutoCompressError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    resumed = f" (resumed at step {res.resumed_from})" if res.resumed_from else ""
+    print(f"distilled {res.steps} steps, {res.tokens:,} tokens{resumed} in {res.wall_s:.0f}s -> {res.out}")
+    print(f"held-out KL(teacher || student): {res.kl_before:.4f} -> {res.kl_after:.4f} nats/token; loss log: {res.out / 'distill_log.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

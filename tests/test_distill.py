@@ -1,0 +1,112 @@
+"""Recovery distillation on the tiny model: it lowers the KL, and an interrupted run resumes from its checkpoint."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from autocompress.arch import Architecture, Block
+from autocompress.config import DataSpec
+from autocompress.distill import DistillSpec, distill, kl_loss, lr_factor, main, work_dir
+from autocompress.errors import ConfigError
+from autocompress.export import write_weights
+from autocompress.importance import rank_units
+from autocompress.models import ByteTokenizer
+
+DATA = DataSpec(seq_len=32, calib_sequences=4, heldout_sequences=4)
+SPEC = DistillSpec(tokens=12 * 4 * 32, seq_len=32, batch_size=4, lr=3e-3, warmup_steps=2, save_every=4, eval_sequences=4)
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def student(tiny_model: Any, tokens: torch.Tensor, tmp_path: Path) -> Path:
+    """A heterogeneous pruned checkpoint (DeciLM) of the tiny model, written by the export's own code."""
+    base = Architecture.from_llama_config(tiny_model.config)
+    arch = Architecture(**{**base.__dict__, "hidden_size": 48, "blocks": (Block(2, 64), Block(0, 96), Block(1, 32))})
+    write_weights(tiny_model, arch, rank_units(tiny_model, tokens, progress=False), tmp_path / "pruned")
+    return tmp_path / "pruned"
+
+
+def test_distillation_lowers_the_kl(tiny_model: Any, student: Path, tmp_path: Path) -> None:
+    res = distill(student, tmp_path / "out", tiny_model, ByteTokenizer(), DATA, SPEC, progress=False)
+    assert res.steps == 12 and res.tokens == 12 * 4 * 32 and res.resumed_from == 0
+    assert res.kl_after < 0.8 * res.kl_before, (res.kl_before, res.kl_after)
+    summary = json.loads((tmp_path / "out" / "distill.json").read_text())
+    assert summary["kl_after"] == pytest.approx(res.kl_after) and summary["data"]["source"] == "stdlib"
+    log = (tmp_path / "out" / "distill_log.csv").read_text().splitlines()
+    assert log[0].startswith("step,tokens,loss,kl") and len(log) == 13
+    assert {"configuration_decilm.py", "modeling_decilm.py", "model.safetensors"} <= {p.name for p in (tmp_path / "out").iterdir()}
+    assert not work_dir(tmp_path / "out").exists()  # the resumable state goes once the model is written
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_an_interrupted_run_resumes_from_its_checkpoint(tiny_model: Any, student: Path, tmp_path: Path) -> None:
+    whole = distill(student, tmp_path / "whole", tiny_model, ByteTokenizer(), DATA, SPEC, progress=False)
+
+    def stop_at_6(record: dict[str, float]) -> None:
+        if record["step"] == 6:
+            raise Interrupt
+
+    out = tmp_path / "out"
+    with pytest.raises(Interrupt):
+        distill(student, out, tiny_model, ByteTokenizer(), DATA, SPEC, progress=False, on_step=stop_at_6)
+    assert not out.exists() and (work_dir(out) / "state.pt").exists()  # nothing half-written; state at step 4
+    steps: list[float] = []
+    res = distill(student, out, tiny_model, ByteTokenizer(), DATA, SPEC, progress=False, on_step=lambda r: steps.append(r["step"]))
+    assert res.resumed_from == 4 and steps == list(range(5, 13))  # continues, not from scratch
+    assert [r["step"] for r in res.log] == list(range(1, 13)) and res.kl_before == pytest.approx(whole.kl_before)
+    got, expected = load_file(str(out / "model.safetensors")), load_file(str(tmp_path / "whole" / "model.safetensors"))
+    for name, tensor in expected.items():
+        torch.testing.assert_close(got[name], tensor, atol=1e-5, rtol=1e-4)
+
+
+def test_resume_refuses_other_settings(tiny_model: Any, student: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+
+    def stop(record: dict[str, float]) -> None:
+        if record["step"] == 5:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        distill(student, out, tiny_model, ByteTokenizer(), DATA, SPEC, progress=False, on_step=stop)
+    other = DistillSpec(**{**SPEC.__dict__, "lr": 1e-3})
+    with pytest.raises(ConfigError, match=r"other settings \(distill differ\).*resume=false"):
+        distill(student, out, tiny_model, ByteTokenizer(), DATA, other, progress=False)
+    res = distill(student, out, tiny_model, ByteTokenizer(), DATA, other, resume=False, progress=False)
+    assert res.resumed_from == 0
+    with pytest.raises(ConfigError, match="already exists"):
+        distill(student, out, tiny_model, ByteTokenizer(), DATA, other, progress=False)
+
+
+def test_loss_and_schedule() -> None:
+    logits = torch.randn(2, 3, 11)
+    assert float(kl_loss(logits, logits)) == pytest.approx(0.0, abs=1e-6)
+    assert float(kl_loss(logits, torch.randn(2, 3, 11))) > 0
+    spec = DistillSpec(tokens=100 * 32, seq_len=32, batch_size=1, warmup_steps=10, min_lr_ratio=0.1)
+    factors = [lr_factor(s, spec) for s in range(spec.steps)]
+    assert factors[0] == pytest.approx(0.1) and factors[9] == 1.0 and factors[-1] == pytest.approx(0.1, abs=1e-3)
+    with pytest.raises(ConfigError, match=r"distill\.lr"):
+        DistillSpec(lr=0)
+
+
+def test_cli_errors_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path / "nothing"), f"out={tmp_path / 'o'}", "model=tiny_llama"]) == 2
+    assert "not a checkpoint folder" in capsys.readouterr().err
+    assert main([str(tmp_path)]) == 2
+    assert "give the STUDENT checkpoint folder and out=DIR" in capsys.readouterr().err
