@@ -1,0 +1,106 @@
+"""The Minitron baseline: importance without side effects, homogeneous feasible candidates only, a verified checkpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from autocompress.arch import Architecture, Block, SearchSpace
+from autocompress.config import Constraint, Hardware, SpaceSpec, Workload
+from autocompress.cost import AnalyticCostModel
+from autocompress.importance import teacher_hidden
+from autocompress.minitron import MinitronSpec, enumerate_candidates, importance, search, write_checkpoint
+from autocompress.models import ByteTokenizer
+
+from .test_arch import SMOLLM2
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def smollm2_setup(memory: float, tpot: float) -> tuple[SearchSpace, AnalyticCostModel, tuple[Constraint, ...]]:
+    """SmolLM2's space and an RTX 5070-like long-context cost model; bounds as shares of the base model's costs."""
+    space = SearchSpace.from_base(Architecture.from_llama_config(SMOLLM2), SpaceSpec())
+    hw = Hardware(name="gpu", peak_tflops=123.5, mem_bandwidth_gbs=672, memory_gib=12)
+    wl = Workload(name="w", prompt_len=16000, output_len=512, concurrency=4, context_len=32768)
+    cm = AnalyticCostModel(space, hw, wl)
+    base = cm.predict(space.largest())
+    return space, cm, (Constraint("memory_gib", memory * base["memory_gib"]), Constraint("tpot_ms", tpot * base["tpot_ms"]))
+
+
+@pytest.mark.parametrize("max_width", [None, 0.4])
+def test_candidates_are_homogeneous_and_meet_the_constraints(max_width: float | None) -> None:
+    space, cm, cons = smollm2_setup(0.8, 0.8)
+    drop_order = [29, 3, 17, *[i for i in range(1, 30) if i not in (29, 3, 17)]]
+    spec = MinitronSpec(max_width_pruning=max_width, max_depth_pruning=0.3)
+    found = enumerate_candidates(space, drop_order, cm, cons, spec)
+    assert found
+    for cand in found:
+        kept = [b for i, b in enumerate(cand.arch.blocks) if i not in cand.dropped]
+        assert len(set(kept)) == 1 and kept[0] == Block(cand.kv_heads, cand.ffn) and cand.kv_heads > 0 and cand.ffn > 0
+        assert all(cand.arch.blocks[i] == Block(0, 0) for i in cand.dropped)
+        assert 0 not in cand.dropped and len(cand.dropped) <= int(0.3 * 30)
+        assert cand.dropped == tuple(sorted(drop_order[: len(cand.dropped)]))  # the least important blocks go first
+        assert space.allows(cand.arch) and cand.params == cand.arch.num_params()
+        costs = cm.predict(cand.arch)
+        assert all(c.satisfied(costs[c.metric]) for c in cons)
+        if max_width is not None:
+            assert cand.hidden >= 0.6 * 576 and cand.ffn >= 0.6 * 1536 and cand.kv_heads >= 0.6 * 3
+    assert [c.params for c in found] == sorted((c.params for c in found), reverse=True)
+    # every homogeneous shape left out misses a constraint: spot-check the whole grid without depth pruning
+    listed = {(c.hidden, c.kv_heads, c.ffn) for c in found if not c.dropped}
+    for h in space.hidden:
+        for kv in (1, 3):
+            for f in space.ffn[1:]:
+                arch = Architecture(**{**space.base.__dict__, "hidden_size": h, "blocks": (Block(kv, f),) * 30})
+                costs = cm.predict(arch)
+                fits = all(c.satisfied(costs[c.metric]) for c in cons)
+                in_bounds = max_width is None or (h >= 0.6 * 576 and f >= 0.6 * 1536 and kv >= 0.6 * 3)
+                assert ((h, kv, f) in listed) == (fits and in_bounds)
+
+
+def test_no_candidate_when_constraints_are_out_of_reach() -> None:
+    space, cm, cons = smollm2_setup(0.05, 0.05)
+    assert enumerate_candidates(space, list(range(1, 30)), cm, cons, MinitronSpec()) == []
+
+
+def test_importance_hooks_leave_the_model_unchanged(tiny_model: Any, tokens: torch.Tensor) -> None:
+    with torch.no_grad():
+        before = tiny_model(tokens).logits
+    imp = importance(tiny_model, tokens, progress=False)
+    with torch.no_grad():
+        torch.testing.assert_close(tiny_model(tokens).logits, before)
+    assert imp.hidden.shape == (64,) and imp.ffn.shape == (3, 96) and imp.blocks.shape == (3,)
+    assert bool((imp.blocks > 0).all()) and imp.drop_order() and 0 not in imp.drop_order()
+    ranking = imp.ranking()
+    assert sorted(ranking.hidden.tolist()) == list(range(64)) and int(ranking.hidden[0]) == int(imp.hidden.argmax())
+
+
+def test_search_picks_the_best_scored_of_the_top_k_and_exports_it(tiny_model: Any, tiny_space: SearchSpace, tmp_path: Path) -> None:
+    cm = AnalyticCostModel(
+        tiny_space,
+        Hardware(name="cpu", peak_tflops=0.1, mem_bandwidth_gbs=20, memory_gib=16, step_overhead_ms=0, block_overhead_us=0),
+        Workload(name="w", prompt_len=64, output_len=16, concurrency=2, context_len=128),
+    )
+    cons = (Constraint("tpot_ms", 0.8 * cm.predict(tiny_space.largest())["tpot_ms"]),)
+    calib = torch.randint(0, 256, (6, 24), generator=torch.Generator().manual_seed(1))
+    score = calib[:2]
+    res = search(
+        tiny_model, tiny_space, cm, cons, calib, score, teacher_hidden(tiny_model, score, progress=False), MinitronSpec(top_k=4), False
+    )
+    assert len(res.scored) == min(4, res.feasible) and int(res.scored["chosen"].sum()) == 1
+    chosen = res.scored[res.scored["chosen"]].iloc[0]
+    assert chosen["kl"] == res.scored["kl"].min() and chosen["architecture"] == res.best.arch.to_json()
+    assert list(res.scored["params"]) == sorted(res.scored["params"], reverse=True)
+    fmt = write_checkpoint(tiny_model, ByteTokenizer(), tiny_space, res.ranking, res.best.arch, tmp_path / "mt", calib[:2], "# card")
+    assert fmt in ("llama", "decilm") and (tmp_path / "mt" / "config.json").exists()  # verify_export raised otherwise
+    assert "Verified" in (tmp_path / "mt" / "README.md").read_text()
