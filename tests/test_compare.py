@@ -1,0 +1,138 @@
+"""AutoCompress vs Minitron: the paired bootstrap, the trial it picks, and the whole pipeline on the tiny model (no Ray)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from autocompress.compare import job_from_dict, paired_bootstrap, pick_trial, run_compare
+from autocompress.config import LagrangianSettings, run_spec_from_dict
+from autocompress.errors import ConfigError
+from autocompress.pareto import pareto_frame
+from autocompress.prepare import prepare
+from autocompress.results import trials_frame, write_json, write_parquet
+from autocompress.search import run_search
+from autocompress.sweep import trial_row
+
+from .conftest import SHARED_DATA, TINY_CPU, compose_dict
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def items(correct: list[float], task: str = "piqa") -> pd.DataFrame:
+    return pd.DataFrame({"task": task, "index": range(len(correct)), "correct": correct})
+
+
+def test_paired_bootstrap() -> None:
+    right, wrong = items([1.0] * 20), items([0.0] * 20)
+    diff = paired_bootstrap(right, wrong, n=200).set_index("task")
+    assert diff.loc["piqa", ["diff", "lo", "hi"]].tolist() == [100.0, 100.0, 100.0]
+    rng = np.random.default_rng(0)
+    a = pd.concat([items(list(rng.integers(0, 2, 300).astype(float))), items(list(rng.integers(0, 2, 300).astype(float)), "sciq")])
+    b = pd.concat([items(list(rng.integers(0, 2, 300).astype(float))), items(list(rng.integers(0, 2, 300).astype(float)), "sciq")])
+    out = paired_bootstrap(a, b, n=500).set_index("task")
+    assert list(out.index) == ["piqa", "sciq", "average"]
+    assert out.loc["average", "diff"] == pytest.approx((out.loc["piqa", "diff"] + out.loc["sciq", "diff"]) / 2)
+    assert all(out["lo"] <= out["diff"]) and all(out["diff"] <= out["hi"]) and out.loc["average", "hi"] - out.loc["average", "lo"] > 1
+    same = paired_bootstrap(a, a, n=200)
+    assert (same[["diff", "lo", "hi"]] == 0).all().all()  # pairing: identical models never differ
+
+
+def test_pick_trial(tmp_path: Path) -> None:
+    trials = pd.DataFrame(
+        {
+            "trial_id": ["a", "b", "c", "d"],
+            "status": ["ok", "ok", "ok", "error"],
+            "feasible": [True, True, False, False],
+            "kl": [0.3, 0.2, 0.1, 0.0],
+        }
+    )
+    assert pick_trial(trials, None, tmp_path)["trial_id"] == "b"  # c has a lower KL but misses a constraint
+    assert pick_trial(trials, "a", tmp_path)["trial_id"] == "a"
+    with pytest.raises(ConfigError, match="misses a constraint"):
+        pick_trial(trials, "c", tmp_path)
+    with pytest.raises(ConfigError, match="no feasible trial"):
+        pick_trial(trials[~trials["feasible"]], None, tmp_path)
+
+
+def test_shipped_config_composes() -> None:
+    job = job_from_dict(compose_dict("+scenario=rtx5070_coding"))
+    assert job.compare.minitron.top_k == 10 and job.distill.steps > 0 and len(job.evaluate.tasks) == 8
+    with pytest.raises(ConfigError, match=r"compare\.measure"):
+        job_from_dict(compose_dict("+scenario=rtx5070_coding", "compare.measure=maybe"))
+
+
+def fake_run(results: Path, overrides: list[str]) -> Path:
+    """A finished two-trial sweep run of the tiny model, written as the sweep writes it (without Ray)."""
+    cfg = compose_dict(*overrides)
+    spec = run_spec_from_dict(cfg)
+    prepared = prepare(spec, progress=False)
+    run = results / spec.scenario.name / "fake"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    prepared.inputs.ranking.save(run / "ranking.safetensors")
+    rows = []
+    for seed in (0, 1):
+        settings = LagrangianSettings(seed=seed)
+        result = run_search(prepared.base.model, prepared.inputs, prepared.cost_model, spec.search, settings)
+        rows.append({**trial_row(settings, result, prepared.inputs.constraints, prepared.cost_model), "trial_id": f"t{seed}"})
+    trials = trials_frame(rows)
+    write_parquet(trials, run / "trials.parquet")
+    write_parquet(pareto_frame(trials), run / "pareto.parquet")
+    constraints = {c.metric: {"sense": c.sense, "value": c.value} for c in prepared.inputs.constraints}
+    write_json(
+        {"status": "complete", "scenario": spec.scenario.name, "constraints": constraints, "base_costs": prepared.base_costs},
+        run / "metadata.json",
+    )
+    return run
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "benchmarks").is_dir(), reason=f"evaluation data not found at {SHARED_DATA}")
+def test_compare_runs_every_stage_and_reuses_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    overrides = ["+scenario=cpu_interactive", *TINY_CPU, f"results.dir={tmp_path}"]
+    run = fake_run(tmp_path, overrides)
+    small = [
+        f"compare.run={run}",
+        "compare.measure=never",
+        "compare.bootstrap=200",
+        "compare.minitron.importance_sequences=4",
+        "compare.minitron.score_sequences=2",
+        "distill.tokens=512",
+        "distill.seq_len=32",
+        "distill.eval_sequences=2",
+        "evaluate.tasks=[piqa,winogrande,lambada_openai]",
+        "evaluate.limit=4",
+        "evaluate.corpus_windows=2",
+        "evaluate.corpus_seq_len=64",
+    ]
+    job = job_from_dict(compose_dict(*overrides, *small))
+    out = run_compare(job)
+    assert out == run / "compare"
+    frame = pd.read_parquet(out / "compare.parquet").set_index("model")
+    assert list(frame.index) == ["base", "autocompress", "minitron"]
+    assert frame.loc["autocompress", "feasible"] and frame.loc["minitron", "feasible"] and not frame.loc["base", "feasible"]
+    assert frame.loc["autocompress", "label"] in ("t0", "t1") and frame.loc["minitron", "params"] < frame.loc["base", "params"]
+    assert {"piqa", "winogrande", "lambada_openai", "average", "corpus_ppl", "kl_distilled"} <= set(frame.columns)
+    diff = pd.read_parquet(out / "diff.parquet")
+    assert list(diff["task"]) == ["piqa", "winogrande", "lambada_openai", "average"] and (diff["n"].iloc[:3] == 4).all()
+    text = capsys.readouterr().out
+    assert "AutoCompress - Minitron (95% CI)" in text and (out / "compare.md").exists()
+    for name in ("autocompress", "minitron"):
+        distilled = json.loads((out / name / "distilled" / "distill.json").read_text())
+        assert distilled["tokens"] == 512 and distilled["data"]["source"] == "stdlib"  # calibration text, never evaluation data
+    run_compare(job)  # a rerun with the same settings reuses every stage
+    seconds = json.loads((out / "compare.json").read_text())["seconds"]
+    assert all(seconds[s] == "reused" for s in seconds if "/" in s), seconds
