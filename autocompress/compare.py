@@ -37,7 +37,7 @@ from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.evaluate import EvalResult, EvalSpec
 from autocompress.minitron import MinitronSpec
 from autocompress.prepare import log
-from autocompress.tasks import TASKS
+from autocompress.tasks import DEFAULT_DATA_DIR, TASKS
 
 COSTS = ("ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gib")
 MEASURED = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "throughput_tok_s": "throughput_tok_s", "memory_gib": "peak_gib"}
@@ -319,7 +319,11 @@ def _distill_and_evaluate(job: CompareJob, ctx: dict[str, Any], out: Path, stage
     dkey = {"distill": dataclasses.asdict(job.distill), "data": dataclasses.asdict(spec.data), "teacher": dataclasses.asdict(spec.model)}
     for m in models:
         target = out / m.name / "distilled"
-        run = partial(distill, out / m.name / "pruned", target, ctx["model"], ctx["tokenizer"], spec.data, job.distill, overwrite=True)
+        forbid = (DEFAULT_DATA_DIR, *([Path(job.evaluate.data_dir)] if job.evaluate.data_dir else []))
+        student = out / m.name / "pruned"
+        run = partial(
+            distill, student, target, ctx["model"], ctx["tokenizer"], spec.data, job.distill, overwrite=True, evaluation_dirs=forbid
+        )
         stages.run(f"{m.name}/distilled", {**dkey, "student": m.arch.to_json()}, target, run)
         m.distill = json.loads((target / "distill.json").read_text())
     ekey = {"evaluate": dataclasses.asdict(job.evaluate), "model": dataclasses.asdict(spec.model)}

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from autocompress.config import DataSpec, ModelSpec, build
 from autocompress.data import load_token_data
 from autocompress.errors import AutoCompressError, ConfigError
+from autocompress.tasks import DEFAULT_DATA_DIR
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
@@ -78,6 +79,20 @@ class DistillResult:
     wall_s: float  # this invocation
     resumed_from: int  # step the run started at (0 = from scratch)
     log: list[dict[str, float]]
+
+
+def check_not_evaluation_data(data: DataSpec, evaluation_dirs: tuple[Path, ...]) -> None:
+    """Refuse distillation text inside an evaluation-data folder (benchmarks must never be trained on)."""
+    if data.source in ("stdlib", "hf") or data.path is None:
+        return
+    path = Path(data.path).expanduser().resolve()
+    for folder in evaluation_dirs:
+        folder = folder.expanduser().resolve()
+        if path == folder or folder in path.parents:
+            raise ConfigError(
+                f"data.path={data.path} lies in the evaluation data ({folder}); distil on calibration text instead "
+                "(the default data.source=stdlib, or your own corpus outside that folder)"
+            )
 
 
 # --------------------------------------------------------------------------- losses
@@ -203,10 +218,15 @@ def distill(
     resume: bool = True,
     progress: bool = True,
     on_step: Callable[[dict[str, float]], None] | None = None,
+    evaluation_dirs: tuple[Path, ...] = (DEFAULT_DATA_DIR,),
 ) -> DistillResult:
-    """Distil the checkpoint in `student_dir` from `teacher` (a loaded, frozen model) into `out`."""
+    """Distil the checkpoint in `student_dir` from `teacher` (a loaded, frozen model) into `out`.
+
+    `evaluation_dirs`: folders of evaluation data the distillation text must not come from.
+    """
     from transformers import AutoModelForCausalLM
 
+    check_not_evaluation_data(data, evaluation_dirs)
     if out.exists() and not overwrite:
         raise ConfigError(f"{out} already exists; choose a new out=DIR or add overwrite=true")
     if out.resolve() == student_dir.resolve():
@@ -331,7 +351,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"{student} is not a checkpoint folder (no config.json); export one with python -m autocompress.export")
         teacher = load_checkpoint(cmd.options.get("teacher", BASE), base)
         overwrite, resume = (flag(k, cmd.options.get(k, default)) for k, default in (("overwrite", "false"), ("resume", "true")))
-        res = distill(student, Path(cmd.options["out"]), teacher.model, teacher.tokenizer, data, spec, overwrite, resume)
+        eval_dir = (cmd.config.get("evaluate") or {}).get("data_dir")
+        forbid = (DEFAULT_DATA_DIR, *([Path(eval_dir)] if eval_dir else []))
+        out = Path(cmd.options["out"])
+        res = distill(student, out, teacher.model, teacher.tokenizer, data, spec, overwrite, resume, evaluation_dirs=forbid)
     except UsageError as exc:
         print(f"error: {exc}\n\n{USAGE}", file=sys.stderr)
         return 2

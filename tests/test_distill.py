@@ -94,6 +94,16 @@ def test_resume_refuses_other_settings(tiny_model: Any, student: Path, tmp_path:
         distill(student, out, tiny_model, ByteTokenizer(), DATA, other, progress=False)
 
 
+def test_evaluation_data_is_never_distillation_text(tiny_model: Any, student: Path, tmp_path: Path) -> None:
+    bench = tmp_path / "shared" / "data"
+    (bench / "benchmarks").mkdir(parents=True)
+    (bench / "benchmarks" / "piqa.txt").write_text("x " * 1000)
+    text = DataSpec(source="text", path=str(bench / "benchmarks"), seq_len=32)
+    with pytest.raises(ConfigError, match="lies in the evaluation data"):
+        distill(student, tmp_path / "out", tiny_model, ByteTokenizer(), text, SPEC, progress=False, evaluation_dirs=(bench,))
+    assert not (tmp_path / "out").exists()
+
+
 def test_loss_and_schedule() -> None:
     logits = torch.randn(2, 3, 11)
     assert float(kl_loss(logits, logits)) == pytest.approx(0.0, abs=1e-6)
