@@ -114,7 +114,23 @@ def test_encode_pair_moves_trailing_spaces_and_stands_in_for_an_empty_context() 
     assert encode_pair(tok, "", "xy") == ([0], [120, 121])
 
 
-def test_packed_choices_score_like_separate_forwards(tiny_model: Any) -> None:
+def decilm_export(model: Any, tmp_path: Path) -> Any:
+    """A heterogeneous pruned checkpoint of `model` (no-op attention in layer 1), loaded back with its own code."""
+    from transformers import AutoModelForCausalLM
+
+    from autocompress.arch import Architecture, Block
+    from autocompress.export import write_weights
+    from autocompress.importance import rank_units
+
+    base = Architecture.from_llama_config(model.config)
+    arch = Architecture(**{**base.__dict__, "hidden_size": 48, "blocks": (Block(2, 64), Block(0, 96), Block(1, 32))})
+    write_weights(model, arch, rank_units(model, torch.randint(0, 256, (2, 16)), progress=False), tmp_path / "ck")
+    return AutoModelForCausalLM.from_pretrained(tmp_path / "ck", trust_remote_code=True, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("fmt", ["llama", "decilm"])
+def test_packed_choices_score_like_separate_forwards(tiny_model: Any, tmp_path: Path, fmt: str) -> None:
+    model = tiny_model if fmt == "llama" else decilm_export(tiny_model, tmp_path)
     tok = ByteTokenizer()
     items = [
         Item("arc_easy", 0, ("Question: why?\nAnswer:",) * 3, (" because", " no", " it is so"), ("because", "no", "it is so"), 0),
@@ -124,12 +140,12 @@ def test_packed_choices_score_like_separate_forwards(tiny_model: Any) -> None:
     groups = [g for it in items for g in encode_item(tok, it)]
     assert [len(g[1]) for g in groups] == [3, 1, 1, 1]  # shared context packed; different contexts apart
     for max_length in (2048, 12):  # 12: contexts truncated from the left
-        packed = loglikelihoods(tiny_model, groups, batch_tokens=40, max_length=max_length, progress=False)
+        packed = loglikelihoods(model, groups, batch_tokens=40, max_length=max_length, progress=False)
         for (ctx, conts), res in zip(groups, packed, strict=True):
             for cont, (ll, greedy) in zip(conts, res, strict=True):
                 ids = torch.tensor([(ctx + cont)[-(max_length + 1) :][:-1]])
                 with torch.no_grad():
-                    logp = torch.log_softmax(tiny_model(ids).logits.float(), -1)[0, -len(cont) :]
+                    logp = torch.log_softmax(model(ids).logits.float(), -1)[0, -len(cont) :]
                 target = torch.tensor(cont)
                 assert ll == pytest.approx(float(logp.gather(1, target[:, None]).sum()), abs=1e-4)
                 assert greedy == bool((logp.argmax(-1) == target).all())
