@@ -37,6 +37,7 @@ from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.evaluate import EvalResult, EvalSpec
 from autocompress.minitron import MinitronSpec
 from autocompress.prepare import log
+from autocompress.results import load_run, write_json, write_parquet, write_text
 from autocompress.tasks import DEFAULT_DATA_DIR, TASKS
 
 COSTS = ("ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gib")
@@ -181,6 +182,21 @@ class Model:
     measured: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class Context:
+    """What every stage shares: the run, its spec and trial, the base model, space, cost model, constraints, calibration tokens."""
+
+    run: Any  # results.Run
+    spec: RunSpec
+    row: dict[str, Any]  # the AutoCompress trial
+    model: Any  # the unpruned model (teacher), fp32, frozen
+    tokenizer: Any
+    space: Any  # SearchSpace
+    cost_model: Any  # CostModel
+    constraints: tuple[Constraint, ...]  # absolute, as the sweep resolved them
+    data: Any  # TokenData of the run's calibration source
+
+
 def resolve_run(job: CompareJob, config_yaml: str, stages: dict[str, float | str]) -> Path:
     if job.compare.run:
         return Path(job.compare.run)
@@ -193,37 +209,35 @@ def resolve_run(job: CompareJob, config_yaml: str, stages: dict[str, float | str
     return run_dir
 
 
-def minitron_stage(job: CompareJob, ctx: dict[str, Any], out: Path) -> None:
+def minitron_stage(job: CompareJob, ctx: Context, out: Path) -> None:
     """Minitron's search and its checkpoint (candidates.parquet beside it)."""
     from autocompress import minitron
     from autocompress.importance import teacher_hidden
-    from autocompress.results import write_parquet
 
-    model, space, spec = ctx["model"], ctx["space"], ctx["spec"]
+    model, space, spec = ctx.model, ctx.space, ctx.spec
     n = job.compare.minitron.score_sequences
-    heldout = ctx["data"].heldout[:n]
+    heldout = ctx.data.heldout[:n]
     teacher = teacher_hidden(model, heldout, desc="teacher (score)")
-    res = minitron.search(model, space, ctx["cost_model"], ctx["constraints"], ctx["data"].calib, heldout, teacher, job.compare.minitron)
+    res = minitron.search(model, space, ctx.cost_model, ctx.constraints, ctx.data.calib, heldout, teacher, job.compare.minitron)
     best = res.best
     card = (
         f"# {spec.model.name}, pruned by the Minitron baseline for `{spec.scenario.name}`\n\n"
         f"Homogeneous: hidden {best.hidden}, {best.kv_heads} KV heads, FFN {best.ffn}, dropped blocks {list(best.dropped) or 'none'}; "
         f"{best.params:,} parameters; best KL of the top {job.compare.minitron.top_k} of {res.feasible} feasible homogeneous candidates "
-        f"(cost model `{ctx['cost_model'].id}`)."
+        f"(cost model `{ctx.cost_model.id}`)."
     )
     out.mkdir(parents=True, exist_ok=True)
-    minitron.write_checkpoint(model, ctx["tokenizer"], space, res.ranking, best.arch, out / "pruned", ctx["data"].heldout[:4], card)
+    minitron.write_checkpoint(model, ctx.tokenizer, space, res.ranking, best.arch, out / "pruned", ctx.data.heldout[:4], card)
     write_parquet(res.scored, out / "candidates.parquet")
     (out / "minitron.json").write_text(json.dumps({"architecture": best.arch.to_json(), "feasible_candidates": res.feasible}, indent=2))
 
 
-def build_context(job: CompareJob, run_dir: Path) -> dict[str, Any]:
+def build_context(job: CompareJob, run_dir: Path) -> Context:
     """Base model, space, the run's cost model and absolute constraints, calibration tokens."""
     from autocompress.arch import Architecture, SearchSpace
     from autocompress.cost import get_cost_model
     from autocompress.data import load_token_data
     from autocompress.models import load_base_model
-    from autocompress.results import load_run
 
     run = load_run(run_dir)
     spec = run.spec or job.spec
@@ -240,64 +254,65 @@ def build_context(job: CompareJob, run_dir: Path) -> dict[str, Any]:
         )
     constraints = tuple(Constraint(c.metric, c.value) for c in run.constraints.values())
     data = load_token_data(spec.data, base.tokenizer)
-    return {
-        "run": run,
-        "spec": spec,
-        "model": base.model,
-        "tokenizer": base.tokenizer,
-        "space": space,
-        "cost_model": cost_model,
-        "constraints": constraints,
-        "row": row,
-        "data": data,
-    }
+    return Context(run, spec, row, base.model, base.tokenizer, space, cost_model, constraints, data)
 
 
-def evaluate_stage(job: CompareJob, ctx: dict[str, Any], path: str | Path, out: Path) -> None:
+def evaluate_stage(job: CompareJob, ctx: Context, path: str | Path, out: Path) -> None:
     from autocompress.checkpoint import load_checkpoint
     from autocompress.evaluate import evaluate_model, write_result
 
-    loaded = load_checkpoint(path, ctx["spec"].model)
+    loaded = load_checkpoint(path, ctx.spec.model)
     write_result(evaluate_model(loaded.model, loaded.tokenizer, job.evaluate, name=str(out.parent.name)), out)
 
 
-def measure_costs(job: CompareJob, ctx: dict[str, Any], models: list[Model]) -> str:
-    """Measured costs in the serving engine when it runs here (or compare.measure=always); returns a note."""
-    from autocompress.engine import engine_settings, measure_many, require_vllm
-    from autocompress.raycluster import init_ray
-
-    hw, wl = ctx["spec"].scenario.hardware, ctx["spec"].scenario.workload
+def measure_costs(job: CompareJob, ctx: Context, models: list[Model], out: Path, stages: Stages) -> str:
+    """Measured costs in the serving engine where it runs here (or compare.measure=always), kept in measured.json; a note."""
+    hw, wl = ctx.spec.scenario.hardware, ctx.spec.scenario.workload
     local = hw.engine == "vllm-cpu" and importlib.util.find_spec("vllm") is not None
     if job.compare.measure == "never" or (job.compare.measure == "auto" and not local):
         return "not measured" + ("" if job.compare.measure == "never" else f" (the engine for {hw.name} does not run on this machine)")
+    path = out / "measured.json"
+    key = {"workload": dataclasses.asdict(wl), "hardware": dataclasses.asdict(hw), "archs": [m.arch.to_json() for m in models]}
+    stages.run("measure", key, path, partial(_measure, ctx, models, path))
+    measured = json.loads(path.read_text())
+    for m in models:
+        m.measured = measured.get(m.name, {})
+    return f"measured in {hw.engine} ({wl.name}, medians of 3 waves; memory = peak resident)"
+
+
+def _measure(ctx: Context, models: list[Model], path: Path) -> None:
+    from autocompress.engine import engine_settings, measure_many, require_vllm
+    from autocompress.raycluster import init_ray
+
+    hw, wl = ctx.spec.scenario.hardware, ctx.spec.scenario.workload
     require_vllm(hw.engine)
-    settings = engine_settings(hw, [wl], ctx["spec"].profile.kv_cache_gib or hw.kv_cache_gib or 1.0, 3, 1)
-    settings = dataclasses.replace(settings, enforce_eager=bool(getattr(ctx["spec"].profile, "enforce_eager", False)))
-    init_ray(ctx["spec"].sweep.ray_address)
-    by_arch = {m.arch.to_json(): m for m in models}
-    for arch, rows in measure_many([m.arch for m in models], ctx["model"].config.to_dict(), [wl], settings):
-        row = rows[0]
+    settings = engine_settings(hw, [wl], ctx.spec.profile.kv_cache_gib or hw.kv_cache_gib or 1.0, 3, 1)
+    settings = dataclasses.replace(settings, enforce_eager=bool(getattr(ctx.spec.profile, "enforce_eager", False)))
+    init_ray(ctx.spec.sweep.ray_address)
+    names, measured = {m.arch.to_json(): m.name for m in models}, {}
+    for arch, rows in measure_many([m.arch for m in models], ctx.model.config.to_dict(), [wl], settings):
+        row, name = rows[0], names[arch.to_json()]
         if row.get("status") == "ok":
-            by_arch[arch.to_json()].measured = {k: float(row[v]) for k, v in MEASURED.items() if v in row}
+            measured[name] = {k: float(row[v]) for k, v in MEASURED.items() if v in row}
         else:
-            log(f"measuring {by_arch[arch.to_json()].name} failed: {row.get('error')}")
-    return f"measured in {hw.engine} ({wl.name}, medians of 3 waves)"
+            log(f"measuring {name} failed: {row.get('error')}")
+    write_json(measured, path)
 
 
-def _models(job: CompareJob, ctx: dict[str, Any], out: Path, stages: Stages) -> list[Model]:
+def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Model]:
     """Both pruned checkpoints: the AutoCompress trial through the export, Minitron's pick through the same slicing."""
     from autocompress.arch import Architecture
     from autocompress.export import ExportRequest, export
 
-    row, run_dir, cost_model = ctx["row"], ctx["run"].path, ctx["cost_model"]
+    row, run_dir, cost_model = ctx.row, ctx.run.path, ctx.cost_model
     request = ExportRequest(run_dir / "trials.parquet", out / "autocompress" / "pruned", trial=row["trial_id"], overwrite=True)
     key = {"trial": row["trial_id"], "architecture": row["architecture"]}
     stages.run("autocompress/pruned", key, request.out, partial(export, request))
     mkey = {
         "minitron": dataclasses.asdict(job.compare.minitron),
         "cost_model": cost_model.id,
-        "data": dataclasses.asdict(ctx["spec"].data),
-        "constraints": [dataclasses.asdict(c) for c in ctx["constraints"]],
+        "data": dataclasses.asdict(ctx.spec.data),
+        "constraints": [dataclasses.asdict(c) for c in ctx.constraints],
     }
     stages.run("minitron/pruned", mkey, out / "minitron" / "pruned", partial(minitron_stage, job, ctx, out / "minitron"))
     scored = pd.read_parquet(out / "minitron" / "candidates.parquet")
@@ -310,20 +325,18 @@ def _models(job: CompareJob, ctx: dict[str, Any], out: Path, stages: Stages) -> 
     ]
 
 
-def _distill_and_evaluate(job: CompareJob, ctx: dict[str, Any], out: Path, stages: Stages, models: list[Model]) -> Model:
+def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stages, models: list[Model]) -> Model:
     """Distil and evaluate both models (same budget, same items); evaluate the unpruned model (cached across runs)."""
     from autocompress.distill import distill
     from autocompress.evaluate import read_result
 
-    spec = ctx["spec"]
+    spec = ctx.spec
     dkey = {"distill": dataclasses.asdict(job.distill), "data": dataclasses.asdict(spec.data), "teacher": dataclasses.asdict(spec.model)}
     for m in models:
         target = out / m.name / "distilled"
         forbid = (DEFAULT_DATA_DIR, *([Path(job.evaluate.data_dir)] if job.evaluate.data_dir else []))
         student = out / m.name / "pruned"
-        run = partial(
-            distill, student, target, ctx["model"], ctx["tokenizer"], spec.data, job.distill, overwrite=True, evaluation_dirs=forbid
-        )
+        run = partial(distill, student, target, ctx.model, ctx.tokenizer, spec.data, job.distill, overwrite=True, evaluation_dirs=forbid)
         stages.run(f"{m.name}/distilled", {**dkey, "student": m.arch.to_json()}, target, run)
         m.distill = json.loads((target / "distill.json").read_text())
     ekey = {"evaluate": dataclasses.asdict(job.evaluate), "model": dataclasses.asdict(spec.model)}
@@ -334,8 +347,8 @@ def _distill_and_evaluate(job: CompareJob, ctx: dict[str, Any], out: Path, stage
         key = {**ekey, **dkey, "student": m.arch.to_json()}
         stages.run(f"{m.name}/eval", key, target, partial(evaluate_stage, job, ctx, out / m.name / "distilled", target))
         m.result = read_result(target)
-    base_arch = ctx["space"].base
-    return Model("base", base_arch, ctx["cost_model"].predict(base_arch), 0.0, label="unpruned", result=read_result(base_eval))
+    base_arch = ctx.space.base
+    return Model("base", base_arch, ctx.cost_model.predict(base_arch), 0.0, label="unpruned", result=read_result(base_eval))
 
 
 def run_compare(job: CompareJob, config_yaml: str = "") -> Path:
@@ -350,9 +363,7 @@ def run_compare(job: CompareJob, config_yaml: str = "") -> Path:
     timings["prepare"] = time.time() - start
     models = _models(job, ctx, out, stages)
     base = _distill_and_evaluate(job, ctx, out, stages, models)
-    start = time.time()
-    note = measure_costs(job, ctx, [base, *models])
-    timings["measure"] = time.time() - start
+    note = measure_costs(job, ctx, [base, *models], out, stages)
     timings |= stages.seconds
     write_outputs(job, ctx, out, [base, *models], note, timings)
     return out
@@ -423,21 +434,20 @@ def markdown(frame: pd.DataFrame, diff: pd.DataFrame, constraints: tuple[Constra
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(job: CompareJob, ctx: dict[str, Any], out: Path, models: list[Model], note: str, timings: dict[str, Any]) -> None:
-    from autocompress.results import write_json, write_parquet, write_text
+def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model], note: str, timings: dict[str, Any]) -> None:
 
-    frame = pd.DataFrame([model_row(m, ctx["constraints"]) for m in models])
+    frame = pd.DataFrame([model_row(m, ctx.constraints) for m in models])
     ac, mt = models[1].result, models[2].result
     assert ac is not None and mt is not None
     diff = paired_bootstrap(ac.items, mt.items, job.compare.bootstrap, job.compare.seed)
     write_parquet(frame, out / "compare.parquet")
     write_parquet(diff, out / "diff.parquet")
-    text = markdown(frame, diff, ctx["constraints"], note, job)
-    write_text(f"# AutoCompress vs Minitron: `{ctx['spec'].scenario.name}`\n\n" + text, out / "compare.md")
+    text = markdown(frame, diff, ctx.constraints, note, job)
+    write_text(f"# AutoCompress vs Minitron: `{ctx.spec.scenario.name}`\n\n" + text, out / "compare.md")
     write_json(
         {
-            "run": str(ctx["run"].path),
-            "trial": ctx["row"]["trial_id"],
+            "run": str(ctx.run.path),
+            "trial": ctx.row["trial_id"],
             "seconds": timings,
             "measure": note,
             "distill": dataclasses.asdict(job.distill),

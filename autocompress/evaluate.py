@@ -39,13 +39,13 @@ class EvalSpec:
     """What to evaluate and how (conf/evaluate/default.yaml)."""
 
     tasks: tuple[str, ...] = ALL_TASKS
-    limit: int = 0  # items per benchmark, a fixed-seed subset; 0 = all
+    limit: int = 200  # items per benchmark, a fixed-seed subset; 0 = all
     seed: int = 0
     source: Literal["local", "hub", "lm-eval"] = "local"
     data_dir: str | None = None  # null = <repo>/../shared/data
     corpus: str | None = "corpora/tinyshakespeare.txt"  # relative to data_dir, or absolute; null = no corpus perplexity
     corpus_seq_len: int = 512
-    corpus_windows: int = 0  # fixed-seed subset of the corpus's disjoint windows; 0 = all
+    corpus_windows: int = 32  # fixed-seed subset of the corpus's disjoint windows; 0 = all
     batch_tokens: int = 4096  # padded tokens per forward
     max_length: int = 2048  # longer requests keep their last tokens (as lm-evaluation-harness does)
     threads: int = 0  # torch threads; 0 = torch's default

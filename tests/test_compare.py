@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -101,12 +102,23 @@ def fake_run(results: Path, overrides: list[str]) -> Path:
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "benchmarks").is_dir(), reason=f"evaluation data not found at {SHARED_DATA}")
-def test_compare_runs_every_stage_and_reuses_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_compare_runs_every_stage_and_reuses_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autocompress import engine, raycluster
+
+    def fake_engine(archs: list[Any], *args: Any) -> Iterator[tuple[Any, list[dict[str, Any]]]]:
+        for arch in archs:  # the engine is measured elsewhere (tests/test_profile.py); here only how its rows land
+            yield arch, [{"status": "ok", "ttft_ms": 1.0, "tpot_ms": arch.num_params() / 1e5, "throughput_tok_s": 5.0, "peak_gib": 2.0}]
+
+    monkeypatch.setattr(engine, "measure_many", fake_engine)
+    monkeypatch.setattr(engine, "require_vllm", lambda name: None)
+    monkeypatch.setattr(raycluster, "init_ray", lambda address: None)
     overrides = ["+scenario=cpu_interactive", *TINY_CPU, f"results.dir={tmp_path}"]
     run = fake_run(tmp_path, overrides)
     small = [
         f"compare.run={run}",
-        "compare.measure=never",
+        "compare.measure=always",
         "compare.bootstrap=200",
         "compare.minitron.importance_sequences=4",
         "compare.minitron.score_sequences=2",
@@ -126,6 +138,8 @@ def test_compare_runs_every_stage_and_reuses_them(tmp_path: Path, capsys: pytest
     assert frame.loc["autocompress", "feasible"] and frame.loc["minitron", "feasible"] and not frame.loc["base", "feasible"]
     assert frame.loc["autocompress", "label"] in ("t0", "t1") and frame.loc["minitron", "params"] < frame.loc["base", "params"]
     assert {"piqa", "winogrande", "lambada_openai", "average", "corpus_ppl", "kl_distilled"} <= set(frame.columns)
+    assert frame.loc["minitron", "measured_tpot_ms"] == pytest.approx(frame.loc["minitron", "params"] / 1e5)
+    assert frame.loc["base", "measured_memory_gib"] == 2.0
     diff = pd.read_parquet(out / "diff.parquet")
     assert list(diff["task"]) == ["piqa", "winogrande", "lambada_openai", "average"] and (diff["n"].iloc[:3] == 4).all()
     text = capsys.readouterr().out
