@@ -1,11 +1,20 @@
-"""Joining Ray: local by default, or an existing cluster by address, with one clear error when unreachable."""
+"""Joining Ray (local, or a cluster by address, token authentication included) and copying run folders to shared storage."""
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import socket
+from pathlib import Path
+from typing import Any
 
 from autocompress.errors import ConfigError
+
+AUTH_HINT = (
+    "the cluster uses token authentication and this process has no valid token for it: set RAY_AUTH_MODE=token and "
+    "RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token (`ray get-auth-token` on the head node)"
+)
 
 
 def check_ray_address(address: str) -> None:
@@ -24,17 +33,93 @@ def check_ray_address(address: str) -> None:
         ) from exc
 
 
+def _auth_failure(exc: BaseException) -> bool:
+    from ray.exceptions import AuthenticationError
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, AuthenticationError) or "InvalidAuthToken" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def init_ray(address: str | None) -> None:
-    """Start local Ray (address None) or join the cluster at `address`; no-op if Ray is already up."""
+    """Start local Ray (address None) or join the cluster at `address`; no-op if Ray is already up.
+
+    Under `ray job submit`, RAY_ADDRESS is set and address None joins that cluster. Ray 2.59+ turns
+    token authentication on for a local cluster it starts; joining a cluster by an explicit address
+    never does, so the token must come with the environment (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN).
+    """
     import ray
 
     if ray.is_initialized():
         return
     if address:
         check_ray_address(address)
-        try:
+    try:
+        if address:
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
-        except (ConnectionError, RuntimeError) as exc:
-            raise ConfigError(f"could not join the Ray cluster at ray.address={address!r}: {exc}") from exc
-    else:
-        ray.init(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+        else:
+            ray.init(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    except (ConnectionError, RuntimeError) as exc:
+        where = f"ray.address={address!r}" if address else f"RAY_ADDRESS={os.environ.get('RAY_ADDRESS', '')!r}"
+        if _auth_failure(exc):
+            raise ConfigError(f"could not join the Ray cluster at {where}: {AUTH_HINT}") from exc
+        if not address and not os.environ.get("RAY_ADDRESS"):
+            raise
+        raise ConfigError(f"could not join the Ray cluster at {where}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- shared storage (NFS path or s3:// gs:// URI)
+
+
+def is_uri(path: str) -> bool:
+    return re.match(r"^[a-z][a-z0-9+.-]*://", path) is not None
+
+
+def storage_join(base: str, *parts: str) -> str:
+    """`base/part/...` for a local path or a URI (no normalisation of the scheme's slashes)."""
+    return "/".join([base.rstrip("/"), *parts])
+
+
+def _filesystem(target: str) -> tuple[Any, str]:
+    import pyarrow.fs
+
+    if is_uri(target):
+        try:
+            return pyarrow.fs.FileSystem.from_uri(target)
+        except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for unknown schemes or credentials
+            raise ConfigError(f"cannot open storage {target!r}: {exc}; check the URI and the credentials of this node") from exc
+    return pyarrow.fs.LocalFileSystem(), target
+
+
+def mirror_files(local_dir: Path, names: list[str], target: str) -> None:
+    """Copy the files `names` of `local_dir` that exist to `target` (path or URI), each written then renamed."""
+    import pyarrow.fs
+
+    fs, root = _filesystem(target)
+    fs.create_dir(root, recursive=True)
+    for name in names:
+        src = local_dir / name
+        if not src.is_file():
+            continue
+        tmp = f"{root}/.{name}.tmp{os.getpid()}"
+        pyarrow.fs.copy_files(str(src), tmp, source_filesystem=pyarrow.fs.LocalFileSystem(), destination_filesystem=fs)
+        fs.move(tmp, f"{root}/{name}")
+
+
+def fetch_dir(source: str, local_dir: Path) -> bool:
+    """Copy the files directly under `source` (path or URI) into `local_dir`; False when `source` holds nothing."""
+    import pyarrow.fs
+
+    fs, root = _filesystem(source)
+    info = fs.get_file_info(pyarrow.fs.FileSelector(root, allow_not_found=True))
+    files = [f for f in info if f.type == pyarrow.fs.FileType.File and not f.base_name.startswith(".")]
+    if not files:
+        return False
+    local_dir.mkdir(parents=True, exist_ok=True)
+    local = pyarrow.fs.LocalFileSystem()
+    for f in files:
+        pyarrow.fs.copy_files(f.path, str(local_dir / f.base_name), source_filesystem=fs, destination_filesystem=local)
+    return True
