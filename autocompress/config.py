@@ -286,18 +286,28 @@ class SweepSpec:
     definition: str = "grid"  # a file in sweeps/ (name or path)
     num_trials: int = 8
     cpus_per_trial: float = 1.0
+    gpus_per_trial: float = 0.0  # GPUs Ray reserves for each trial
     max_concurrent_trials: int = 0  # 0 = as many as the cluster fits
     max_failures: int = 1  # retries of an errored trial
     ray_address: str | None = None  # None = start local Ray; "auto" or host:port = join a cluster
     objective_cost: str = "tpot_ms"  # cost a multi-objective searcher trades against quality
+    storage_path: str | None = None  # Ray Tune's storage: None = the run folder; an absolute shared path or s3:// gs:// URI
+    optuna_storage: str | None = None  # None = a journal file in the run folder; or an Optuna storage URL
 
     def __post_init__(self) -> None:
         _positive("sweep.num_trials", self.num_trials)
         _positive("sweep.cpus_per_trial", self.cpus_per_trial)
+        _positive("sweep.gpus_per_trial", self.gpus_per_trial, allow_zero=True)
         _positive("sweep.max_concurrent_trials", self.max_concurrent_trials, allow_zero=True)
         _positive("sweep.max_failures", self.max_failures, allow_zero=True)
         if self.objective_cost not in METRICS:
             raise ConfigError(f"sweep.objective_cost={self.objective_cost!r}; use one of {sorted(METRICS)}")
+        path = self.storage_path
+        if path is not None and not (re.match(r"^[a-z][a-z0-9+.-]*://.", path) or path.startswith("/")):
+            raise ConfigError(
+                f"sweep.storage_path={path!r} must be an absolute path that every node shares (e.g. an NFS mount) "
+                "or a URI (s3://bucket/prefix, gs://bucket/prefix); drop it to keep Ray Tune's files in the run folder"
+            )
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,23 @@
-"""`python -m autocompress.sweep +scenario=NAME`: many Lagrangian searches on Ray Tune, Pareto fronts to Parquet."""
+"""`python -m autocompress.sweep +scenario=NAME`: many Lagrangian searches on Ray Tune, Pareto fronts to Parquet.
+
+A run is resumable: trials.parquet is rewritten (atomically) after every finished trial, and
+`resume=true` (or `resume=RUN_FOLDER`) runs only the trials it does not hold yet.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
 import itertools
+import json
 import os
+import re
+import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +32,20 @@ from autocompress.cost import CostModel
 from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.pareto import COST_DIRECTIONS, pareto_frame
 from autocompress.prepare import Prepared, log, prepare
-from autocompress.raycluster import check_ray_address, init_ray
+from autocompress.raycluster import check_ray_address, fetch_dir, init_ray, is_uri, mirror_files, storage_join
 from autocompress.results import architecture_columns, feasibility_columns, trials_frame, write_json, write_parquet, write_text
 from autocompress.search import SearchInputs, SearchResult
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SETTING_KEYS = [f.name for f in dataclasses.fields(LagrangianSettings)]
+OPTUNA_JOURNAL = "optuna.journal"
+RUN_FILES = ["config.yaml", "metadata.json", "ranking.safetensors", "trials.parquet", "pareto.parquet", OPTUNA_JOURNAL]
+# how a run executes, not what it computes: a resume may change these
+EXECUTION_KEYS = ("ray_address", "cpus_per_trial", "gpus_per_trial", "max_concurrent_trials", "max_failures")
+
+
+class Interrupted(Exception):
+    """The sweep stopped before every trial was recorded (Ctrl-C, SIGTERM): resume it."""
 
 
 # --------------------------------------------------------------------------- sweep definitions (sweeps/)
@@ -63,13 +80,56 @@ def grid_points(grid: dict[str, list[Any]], n: int, base_seed: int) -> list[dict
     return points
 
 
-def tune_space(definition: dict[str, Any], spec: RunSpec) -> tuple[dict[str, Any], Any, int]:
-    """(param_space, search_alg, num_samples) for Ray Tune."""
+def trial_settings(config: Mapping[str, Any], spec: RunSpec) -> LagrangianSettings:
+    """A trial's Lagrangian settings: the spec's defaults with the trial's config over them (grid or Optuna form)."""
+    overrides = config.get("settings", config)
+    return dataclasses.replace(spec.search.settings, **{k: overrides[k] for k in overrides if k in SETTING_KEYS})
+
+
+def settings_key(values: Mapping[str, Any]) -> str:
+    """Identity of a trial by its settings (a trials.parquet row, or asdict(LagrangianSettings))."""
+    return json.dumps({k: float(values[k]) for k in SETTING_KEYS}, sort_keys=True)
+
+
+def optuna_storage(spec: RunSpec, run_dir: Path) -> tuple[Any, str]:
+    """(Optuna storage, study name): a journal file in the run folder, or sweep.optuna_storage."""
+    import optuna
+
+    name = f"autocompress-{spec.scenario.name}-{run_dir.name}"
+    url = spec.sweep.optuna_storage
+    if not url:
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        return JournalStorage(JournalFileBackend(str(run_dir / OPTUNA_JOURNAL))), name
+    try:
+        return optuna.storages.RDBStorage(url), name
+    except Exception as exc:
+        raise ConfigError(f"sweep.optuna_storage={url!r} cannot be opened ({exc}); give an Optuna RDB URL or null") from exc
+
+
+def _close_stale_trials(storage: Any, name: str) -> int:
+    """Mark trials a killed driver left RUNNING as failed; the number of trials the study holds."""
+    import optuna
+    from optuna.trial import TrialState
+
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study.tell(t.number, state=TrialState.FAIL)
+    return len(study.trials)
+
+
+def tune_space(definition: dict[str, Any], spec: RunSpec, run_dir: Path, done: list[dict[str, Any]]) -> tuple[dict[str, Any], Any, int]:
+    """(param_space, search_alg, num_samples) for the trials `done` (trials.parquet rows with status ok) lacks."""
     from ray import tune
 
     if definition["searcher"] == "grid":
+        have = {settings_key(r) for r in done}
         points = grid_points(definition["grid"], spec.sweep.num_trials, spec.search.settings.seed)
-        return {"settings": tune.grid_search(points)}, None, 1
+        todo = [p for p in points if settings_key(dataclasses.asdict(trial_settings(p, spec))) not in have]
+        return {"settings": tune.grid_search(todo)}, None, 1 if todo else 0
     from ray.tune.search.optuna import OptunaSearch
 
     space: dict[str, Any] = {}
@@ -78,8 +138,12 @@ def tune_space(definition: dict[str, Any], spec: RunSpec) -> tuple[dict[str, Any
         space[key] = tune.loguniform(low, high) if dist.get("log") else tune.uniform(low, high)
     objective = spec.sweep.objective_cost
     mode = "min" if METRICS[objective] == "max" else "max"
-    searcher = OptunaSearch(metric=["kl", objective], mode=["min", mode], seed=spec.search.settings.seed)
-    return space, searcher, spec.sweep.num_trials
+    storage, name = optuna_storage(spec, run_dir)
+    prior = _close_stale_trials(storage, name)  # a resumed study goes on; a fresh seed avoids repeating its samples
+    searcher = OptunaSearch(
+        metric=["kl", objective], mode=["min", mode], seed=spec.search.settings.seed + prior, storage=storage, study_name=name
+    )
+    return space, searcher, spec.sweep.num_trials - len(done)
 
 
 # --------------------------------------------------------------------------- one trial (runs in a Ray worker)
@@ -107,8 +171,7 @@ def run_trial(config: dict[str, Any], spec: RunSpec, inputs: SearchInputs, cost_
     from autocompress.models import load_base_model
     from autocompress.search import run_search
 
-    overrides = config.get("settings", config)
-    settings = dataclasses.replace(spec.search.settings, **{k: overrides[k] for k in overrides if k in SETTING_KEYS})
+    settings = trial_settings(config, spec)
     threads = spec.search.threads or max(1, int(spec.sweep.cpus_per_trial))
     torch.set_num_threads(threads)
     search = dataclasses.replace(spec.search, threads=threads)
@@ -119,7 +182,112 @@ def run_trial(config: dict[str, Any], spec: RunSpec, inputs: SearchInputs, cost_
     tune.report(row)
 
 
-# --------------------------------------------------------------------------- the driver
+# --------------------------------------------------------------------------- recording trials as they finish
+
+
+def error_row(trial_id: str, config: Mapping[str, Any], error: str, spec: RunSpec) -> dict[str, Any]:
+    settings = dataclasses.asdict(trial_settings(config, spec))
+    return {"trial_id": trial_id, "status": "error", "error": error.strip()[-2000:], "feasible": False, **settings}
+
+
+def last_error(trial: Any) -> str:
+    """The latest failure of a Tune trial, as text (Tune appends each to the driver's copy of error.txt)."""
+    path = trial.error_file
+    text = Path(path).read_text(errors="replace") if path and os.path.exists(path) else str(trial.get_error() or "")
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # colour codes of Ray tracebacks
+    last = text.rsplit("Failure # ", 1)[-1].split("\n", 1)[-1] if "Failure # " in text else text
+    return last.strip() or "unknown error"
+
+
+def _recorder(run: RunFolder, spec: RunSpec, rows: list[dict[str, Any]], total: int) -> Any:
+    """A Tune callback that records every finished trial in trials.parquet at once and logs one line for it."""
+    from ray import tune
+
+    class TrialRecorder(tune.Callback):
+        def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+            r = dict(trial.last_result or {})
+            if r.get("status") != "ok":
+                self._add(error_row(trial.trial_id, trial.config, "the trial ended without a result", spec))
+                return
+            costs = " ".join(f"{k}={r.get(k, float('nan')):.4g}" for k in COST_DIRECTIONS)
+            state = "feasible" if r.get("feasible") else "INFEASIBLE"
+            self._add(r)
+            log(
+                f"trial {len(rows)}/{total} {trial.trial_id}: {state} kl={r.get('kl', float('nan')):.4f} "
+                f"ppl={r.get('perplexity', float('nan')):.2f} params={r.get('params', 0) / 1e6:.1f}M {costs} ({r.get('wall_s', 0):.0f}s)"
+            )
+
+        def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+            log(
+                f"trial {trial.trial_id} failed (attempt {trial.num_failures} of {spec.sweep.max_failures + 1}): "
+                f"{last_error(trial).splitlines()[-1]}; retrying"
+            )
+
+        def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+            self._add(error_row(trial.trial_id, trial.config, last_error(trial), spec))
+            log(f"trial {len(rows)}/{total} {trial.trial_id}: ERROR after {trial.num_failures} attempt(s) (see trials.parquet)")
+
+        def _add(self, row: dict[str, Any]) -> None:
+            rows.append(row)
+            write_parquet(trials_frame(rows), run.path / "trials.parquet")
+            run.mirror()
+
+    return TrialRecorder()
+
+
+# --------------------------------------------------------------------------- the run folder
+
+
+@dataclasses.dataclass
+class RunFolder:
+    """results/<scenario>/<run_id>/, and its copy under sweep.storage_path when that is set."""
+
+    path: Path
+    remote: str | None = None  # <storage_path>/<scenario>/<run_id>
+
+    @staticmethod
+    def of(spec: RunSpec, path: Path) -> RunFolder:
+        storage = spec.sweep.storage_path
+        remote = storage_join(storage, spec.scenario.name, path.name) if storage else None
+        if remote and not is_uri(remote) and Path(remote).resolve() == path.resolve():
+            remote = None
+        return RunFolder(path, remote)
+
+    @property
+    def tune_storage(self) -> str:
+        """Ray Tune's storage_path (absolute, or a URI): the experiments live under it."""
+        return self.remote or str(self.path)
+
+    def mirror(self) -> None:
+        if self.remote:
+            mirror_files(self.path, RUN_FILES, self.remote)
+
+    def metadata(self) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads((self.path / "metadata.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{self.path}/metadata.json is unreadable ({exc}); this run cannot be resumed, start a new one") from exc
+        return data
+
+    def write_metadata(self, meta: dict[str, Any]) -> None:
+        write_json(meta, self.path / "metadata.json")
+        self.mirror()
+
+    def recorded_rows(self) -> list[dict[str, Any]]:
+        """Rows of trials.parquet that finished (status ok): the trials a resume keeps."""
+        import pandas as pd
+
+        path = self.path / "trials.parquet"
+        if not path.exists():
+            return []
+        df = pd.read_parquet(path)
+        return [{k: (None if _missing(v) else v) for k, v in r.items()} for r in df[df["status"] == "ok"].to_dict("records")]
+
+
+def _missing(value: Any) -> bool:
+    import pandas as pd
+
+    return not isinstance(value, (list, dict, str)) and bool(pd.isna(value))
 
 
 def _git_sha() -> str | None:
@@ -130,74 +298,110 @@ def _git_sha() -> str | None:
     return out.stdout.strip() or None
 
 
-def _run_dir(spec: RunSpec) -> Path:
+def new_run_dir(spec: RunSpec) -> Path:
     run_id = spec.run_id or dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(spec.results_dir).resolve() / spec.scenario.name / run_id
     if run_dir.exists():
-        raise ConfigError(f"{run_dir} already exists; choose another results.run_id")
+        raise ConfigError(f"{run_dir} already exists; choose another results.run_id, or finish that run with resume=true")
     return run_dir
 
 
-def _collect(result_grid: Any, spec: RunSpec) -> list[dict[str, Any]]:
-    rows = []
-    for res in result_grid:
-        if res.error is None and res.metrics and res.metrics.get("status") == "ok":
-            rows.append(dict(res.metrics))
+def _driver() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _check_resumable(run_dir: Path, meta: Mapping[str, Any]) -> None:
+    status = meta.get("status")
+    if status == "complete":
+        raise ConfigError(f"{run_dir} is already complete; nothing to resume (drop resume to start a new run)")
+    driver = meta.get("driver") or {}
+    if status == "running" and driver.get("host") == socket.gethostname() and driver.get("pid") != os.getpid():
+        import psutil
+
+        try:
+            alive = "autocompress.sweep" in " ".join(psutil.Process(int(driver["pid"])).cmdline())
+        except (psutil.Error, KeyError, ValueError):
+            alive = False
+        if alive:
+            raise ConfigError(f"{run_dir} is still being run by process {driver['pid']} on this host; stop it before resuming")
+
+
+# --------------------------------------------------------------------------- resume: which run, with which settings
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, Mapping):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _override_conflicts(current: dict[str, Any], stored: dict[str, Any], overrides: list[str]) -> list[str]:
+    """Command-line overrides whose value differs from the run's config.yaml (execution keys excepted)."""
+    now, run = _flat(current), _flat(stored)
+    free = {"resume", "results.run_id", "results.dir", "ray.address", *(f"sweep.{k}" for k in EXECUTION_KEYS)}
+    conflicts = []
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key in free or key.startswith("hydra"):
             continue
-        cfg = res.config or {}
-        settings = dataclasses.asdict(
-            dataclasses.replace(spec.search.settings, **{k: v for k, v in cfg.get("settings", cfg).items() if k in SETTING_KEYS})
+        if key == "scenario":
+            key = "scenario.name"
+        keys = sorted(k for k in set(now) | set(run) if k == key or k.startswith(key + "."))
+        keys = [k for k in keys if k.rsplit(".", 1)[-1] not in EXECUTION_KEYS]
+        conflicts += [f"{k} (run: {run.get(k)!r}, now: {now.get(k)!r})" for k in keys if now.get(k) != run.get(k)]
+    return conflicts
+
+
+def resume_target(current: dict[str, Any], resume: Any, overrides: list[str]) -> tuple[dict[str, Any], Path]:
+    """(the run's config.yaml as plain data, the run folder) for resume=true or resume=PATH/URI.
+
+    Execution keys (ray.address, sweep.cpus_per_trial, ...) given on this command line replace the
+    run's; any other override must agree with the run's config.yaml.
+    """
+    results_dir = Path((current.get("results") or {}).get("dir") or "results").resolve()
+    storage = (current.get("sweep") or {}).get("storage_path")
+    remote: str | None = None
+    if resume is True or str(resume).lower() == "true":
+        run_id = (current.get("results") or {}).get("run_id")
+        scenario = (current.get("scenario") or {}).get("name")
+        if not run_id or not scenario:
+            raise ConfigError("resume=true needs the run's +scenario=NAME and results.run_id=ID; or give its folder: resume=PATH")
+        run_dir = results_dir / str(scenario) / str(run_id)
+        remote = storage_join(storage, str(scenario), str(run_id)) if storage else None
+    elif is_uri(str(resume)):
+        remote = str(resume).rstrip("/")
+        run_dir = results_dir.joinpath(*remote.split("/")[-2:])
+    else:
+        run_dir = Path(str(resume)).expanduser().resolve()
+    if not (run_dir / "config.yaml").exists() and not (remote and fetch_dir(remote, run_dir)):
+        where = f"{run_dir} (nor {remote})" if remote else str(run_dir)
+        raise ConfigError(f"resume={resume}: {where} holds no config.yaml; give the folder of a sweep run (results/<scenario>/<run_id>)")
+    loaded = OmegaConf.load(run_dir / "config.yaml")
+    assert isinstance(loaded, DictConfig)
+    stored = plain(loaded)
+    conflicts = _override_conflicts(current, stored, overrides)
+    if conflicts:
+        raise ConfigError(
+            f"resume: a resumed run keeps the settings in {run_dir / 'config.yaml'}, and these overrides differ: "
+            f"{'; '.join(conflicts[:6])}. Drop them (only ray.address and sweep.{{{','.join(EXECUTION_KEYS[1:])}}} may change)"
         )
-        rows.append(
-            {
-                "trial_id": Path(str(res.path)).name,
-                "status": "error",
-                "error": str(res.error).strip()[-2000:],
-                "feasible": False,
-                **settings,
-            }
-        )
-    return rows
+    given = {o.split("=", 1)[0].lstrip("+~").replace("ray.address", "sweep.ray_address") for o in overrides}
+    stored["sweep"].update({k: current["sweep"][k] for k in EXECUTION_KEYS if f"sweep.{k}" in given})
+    return stored, run_dir
 
 
-def _progress_callback(total: int) -> Any:
-    from ray import tune
-
-    class TrialLine(tune.Callback):
-        """One line per finished trial instead of Tune's tables."""
-
-        done = 0
-
-        def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-            TrialLine.done += 1
-            r = trial.last_result or {}
-            costs = " ".join(f"{k}={r.get(k, float('nan')):.4g}" for k in COST_DIRECTIONS)
-            state = "feasible" if r.get("feasible") else "INFEASIBLE"
-            log(
-                f"trial {TrialLine.done}/{total} {trial.trial_id}: {state} kl={r.get('kl', float('nan')):.4f} "
-                f"ppl={r.get('perplexity', float('nan')):.2f} params={r.get('params', 0) / 1e6:.1f}M {costs} ({r.get('wall_s', 0):.0f}s)"
-            )
-
-        def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-            TrialLine.done += 1
-            log(f"trial {TrialLine.done}/{total} {trial.trial_id}: ERROR (see trials.parquet)")
-
-    return TrialLine()
+# --------------------------------------------------------------------------- the driver
 
 
-def run_sweep(spec: RunSpec, config_yaml: str) -> Path:
-    """The whole job; returns the run folder."""
-    from ray import tune
-
-    definition = load_definition(spec.sweep.definition)
-    if spec.sweep.ray_address:
-        check_ray_address(spec.sweep.ray_address)
-    run_dir = _run_dir(spec)
-    prepared: Prepared = prepare(spec)
-    run_dir.mkdir(parents=True)
-    write_text(config_yaml, run_dir / "config.yaml")
-    prepared.inputs.ranking.save(run_dir / "ranking.safetensors")  # export slices weights in this order
-    meta: dict[str, Any] = {
+def _start(spec: RunSpec, config_yaml: str, prepared: Prepared, definition: dict[str, Any], run: RunFolder) -> dict[str, Any]:
+    """Create the run folder: config.yaml, ranking.safetensors, metadata.json (status running)."""
+    run.path.mkdir(parents=True)
+    write_text(config_yaml, run.path / "config.yaml")
+    prepared.inputs.ranking.save(run.path / "ranking.safetensors")  # export slices weights in this order
+    return {
         "status": "running",
         "started": dt.datetime.now().isoformat(timespec="seconds"),
         "autocompress_version": __version__,
@@ -212,44 +416,94 @@ def run_sweep(spec: RunSpec, config_yaml: str) -> Path:
         "base_perplexity": prepared.base_perplexity,
         "base_kl": 0.0,
         "sweep_definition": definition,
+        "storage": run.remote,
+        "driver": _driver(),
     }
-    write_json(meta, run_dir / "metadata.json")
+
+
+def _resume(run: RunFolder, prepared: Prepared) -> dict[str, Any]:
+    """Reopen an interrupted run: its metadata (status running again) and the ranking its trials used."""
+    from autocompress.masking import Ranking
+
+    meta = run.metadata()
+    _check_resumable(run.path, meta)
+    if not (run.path / "ranking.safetensors").exists():
+        raise ConfigError(f"{run.path} holds no ranking.safetensors; this run cannot be resumed, start a new one")
+    prepared.inputs = dataclasses.replace(prepared.inputs, ranking=Ranking.load(run.path / "ranking.safetensors"))
+    now = dt.datetime.now().isoformat(timespec="seconds")
+    meta.update(status="running", resumed=[*meta.get("resumed", []), now], driver=_driver())
+    meta.pop("error", None)
+    return meta
+
+
+def _fit(spec: RunSpec, definition: dict[str, Any], run: RunFolder, prepared: Prepared, rows: list[dict[str, Any]], attempt: int) -> None:
+    """Run the trials that `rows` lacks on Ray Tune, recording each in trials.parquet as it finishes."""
+    from ray import tune
+
+    param_space, searcher, num_samples = tune_space(definition, spec, run.path, rows)
+    if num_samples == 0:
+        return
+    init_ray(spec.sweep.ray_address)
+    resources = {"cpu": spec.sweep.cpus_per_trial, "gpu": spec.sweep.gpus_per_trial}
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, spec=spec, inputs=prepared.inputs, cost_model=prepared.cost_model), resources
+    )
+    tuner = tune.Tuner(
+        trainable,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            search_alg=searcher,
+            num_samples=num_samples,
+            max_concurrent_trials=spec.sweep.max_concurrent_trials or None,
+            reuse_actors=True,  # one worker process (imports, base model files) serves many trials
+        ),
+        run_config=tune.RunConfig(
+            name="tune" if attempt == 0 else f"tune-resume-{attempt}",
+            storage_path=run.tune_storage,
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=spec.sweep.max_failures),
+            callbacks=[_recorder(run, spec, rows, spec.sweep.num_trials)],
+        ),
+    )
+    todo = spec.sweep.num_trials - len(rows)
+    log(f"running {todo} of {spec.sweep.num_trials} searches on Ray Tune ({definition['searcher']}) -> {run.path}")
+    tuner.fit()
+
+
+def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -> Path:
+    """The whole job; returns the run folder. With `resume_dir`, finish that run (its config.yaml must match `spec`)."""
+    run = RunFolder.of(spec, resume_dir or new_run_dir(spec))
+    if spec.sweep.ray_address:
+        check_ray_address(spec.sweep.ray_address)
+    prepared: Prepared = prepare(spec)
+    if resume_dir is None:
+        definition = load_definition(spec.sweep.definition)
+        meta, rows = _start(spec, config_yaml, prepared, definition, run), []
+    else:
+        meta, rows = _resume(run, prepared), run.recorded_rows()
+        definition = meta["sweep_definition"]  # the grid the run started with, even if sweeps/ changed since
+        log(f"resuming {run.path}: {len(rows)} of {spec.sweep.num_trials} trials recorded, not run again")
+    run.write_metadata(meta)
+    start = time.time()
     try:
-        init_ray(spec.sweep.ray_address)
-        param_space, searcher, num_samples = tune_space(definition, spec)
-        trainable = tune.with_resources(
-            tune.with_parameters(run_trial, spec=spec, inputs=prepared.inputs, cost_model=prepared.cost_model),
-            {"cpu": spec.sweep.cpus_per_trial},
-        )
-        tuner = tune.Tuner(
-            trainable,
-            param_space=param_space,
-            tune_config=tune.TuneConfig(
-                search_alg=searcher, num_samples=num_samples, max_concurrent_trials=spec.sweep.max_concurrent_trials or None
-            ),
-            run_config=tune.RunConfig(
-                name="tune",
-                storage_path=str(run_dir),
-                verbose=0,
-                failure_config=tune.FailureConfig(max_failures=spec.sweep.max_failures),
-                callbacks=[_progress_callback(spec.sweep.num_trials)],
-            ),
-        )
-        log(f"running {spec.sweep.num_trials} searches on Ray Tune ({definition['searcher']}) -> {run_dir}")
-        start = time.time()
-        grid = tuner.fit()
-        trials = trials_frame(_collect(grid, spec))
+        _fit(spec, definition, run, prepared, rows, attempt=len(meta.get("resumed", [])))
+        if len(rows) < spec.sweep.num_trials:
+            raise Interrupted(f"{len(rows)} of {spec.sweep.num_trials} trials recorded in {run.path / 'trials.parquet'}")
+        trials = trials_frame(rows)
         pareto = pareto_frame(trials)
-        write_parquet(trials, run_dir / "trials.parquet")
-        write_parquet(pareto, run_dir / "pareto.parquet")
+        write_parquet(trials, run.path / "trials.parquet")
+        write_parquet(pareto, run.path / "pareto.parquet")
         meta.update(status="complete", finished=dt.datetime.now().isoformat(timespec="seconds"), sweep_wall_s=time.time() - start)
+    except (KeyboardInterrupt, Interrupted) as exc:
+        meta.update(status="interrupted", error=f"{type(exc).__name__}: {exc}", resume=f"resume={run.path}")
+        raise Interrupted(f"{len(rows)} of {spec.sweep.num_trials} trials recorded; finish the run with resume={run.path}") from exc
     except BaseException as exc:
         meta.update(status="failed", error=f"{type(exc).__name__}: {exc}")
         raise
     finally:
-        write_json(meta, run_dir / "metadata.json")
-    print_summary(trials, pareto, run_dir)
-    return run_dir
+        run.write_metadata(meta)
+    print_summary(trials, pareto, run.path)
+    return run.path
 
 
 def print_summary(trials: Any, pareto: Any, run_dir: Path) -> None:
@@ -264,14 +518,50 @@ def print_summary(trials: Any, pareto: Any, run_dir: Path) -> None:
     print(f"\ntrials: {run_dir / 'trials.parquet'}\npareto: {run_dir / 'pareto.parquet'}")
 
 
+def _sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt("SIGTERM")  # `ray job stop`, a pod eviction: record the run as interrupted
+
+
+def resume_mode(data: dict[str, Any], resume: Any) -> str:
+    """new, resume or complete: what `resume` (false, true, auto, a folder or URI) asks of this run."""
+    mode = str(resume).lower()
+    if mode in ("false", "none"):
+        return "new"
+    if mode != "auto":
+        return "resume"
+    run_id, scenario = (data.get("results") or {}).get("run_id"), (data.get("scenario") or {}).get("name")
+    if not run_id or not scenario:
+        raise ConfigError("resume=auto needs +scenario=NAME and results.run_id=ID (start that run, or resume it if it exists)")
+    run_dir = Path((data.get("results") or {}).get("dir") or "results").resolve() / str(scenario) / str(run_id)
+    storage = (data.get("sweep") or {}).get("storage_path")
+    if not (run_dir / "config.yaml").exists() and not (storage and fetch_dir(storage_join(storage, str(scenario), str(run_id)), run_dir)):
+        return "new"
+    meta = RunFolder(run_dir).metadata() if (run_dir / "metadata.json").exists() else {}
+    return "complete" if meta.get("status") == "complete" else "resume"
+
+
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    signal.signal(signal.SIGTERM, _sigterm)
     try:
-        spec = run_spec_from_dict(plain(cfg))
-        run_sweep(spec, OmegaConf.to_yaml(cfg, resolve=True))
+        data = plain(cfg)
+        mode = resume_mode(data, cfg.get("resume", False))
+        if mode == "new":
+            run_sweep(run_spec_from_dict(data), OmegaConf.to_yaml(cfg, resolve=True))
+        elif mode == "complete":
+            log("resume=auto: the run is already complete; nothing to do")
+        else:
+            resume = True if str(cfg.get("resume")).lower() == "auto" else cfg.get("resume")
+            data, run_dir = resume_target(data, resume, list(HydraConfig.get().overrides.task))
+            run_sweep(run_spec_from_dict(data), "", resume_dir=run_dir)
     except AutoCompressError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except (Interrupted, KeyboardInterrupt) as exc:
+        print(f"interrupted: {exc}", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":
