@@ -51,13 +51,14 @@ class Hardware:
     kv_cache_gib: float | None = None  # fixed KV-cache size (vLLM CPU: VLLM_CPU_KVCACHE_SPACE); None = what memory leaves
     prefill_eta_compute: float | None = None  # prefill's share of peak FLOP/s; None = eta_compute
     prefill_overhead_ms: float | None = None  # fixed cost per prefill chunk; None = step_overhead_ms
+    gemm_half_rows: float = 0.0  # matmul rows at which half the achievable FLOP/s is reached (small-batch decode)
     engine: str = "vllm"
     description: str = ""
 
     def __post_init__(self) -> None:
         for key in ("peak_tflops", "mem_bandwidth_gbs", "memory_gib", "max_num_batched_tokens"):
             _positive(f"hardware.{key}", getattr(self, key))
-        for key in ("step_overhead_ms", "block_overhead_us", "memory_overhead_gib", "prefill_overhead_ms"):
+        for key in ("step_overhead_ms", "block_overhead_us", "memory_overhead_gib", "prefill_overhead_ms", "gemm_half_rows"):
             if getattr(self, key) is not None:
                 _positive(f"hardware.{key}", getattr(self, key), allow_zero=True)
         if self.kv_cache_gib is not None:

@@ -1,10 +1,11 @@
 """Measuring architectures in the real serving engine (vLLM), one Ray actor per engine.
 
 Each candidate is written as a weight-free DeciLM checkpoint and served with `load_format="dummy"`
-(the weights' values do not change the cost). For every workload the wave of `concurrency`
-prompts is run with max_tokens=1 (TTFT) and with max_tokens=output_len (the whole wave):
-TPOT = (wave - TTFT) / (output_len - 1), throughput = concurrency * output_len / wave. Warm-up
-runs come first; repeats give medians and spreads. vLLM is imported only inside the actor: it
+(the weights' values do not change the cost). For every workload a wave of `concurrency` prompts
+is served with `output_len` tokens each; the engine's per-request timestamps give TTFT (when the
+last request got its first token: the wave's prefill) and TPOT (median over requests of the time
+between first and last token / (output_len - 1)); throughput = concurrency * output_len / wall
+time of the wave. Warm-up waves come first; repeats give medians and spreads. vLLM is imported only inside the actor: it
 spawns processes and does not reliably free memory, so each engine lives in its own actor process,
 which is killed afterwards.
 """
@@ -118,20 +119,33 @@ class _PeakRSS:
         self.peak = max(self.peak, self.sample())
 
 
-def _wave(llm: Any, workload: Workload, vocab: int, max_tokens: int) -> float:
-    """Seconds to serve one wave of `concurrency` prompts with `max_tokens` outputs each."""
+@dataclass(frozen=True)
+class Wave:
+    """One served wave: TTFT = when the last request got its first token, TPOT from the engine's token timestamps."""
+
+    ttft_s: float
+    tpot_s: float
+    elapsed_s: float
+
+
+def _wave(llm: Any, workload: Workload, vocab: int) -> Wave:
+    """Serve one wave of `concurrency` prompts with `output_len` outputs each, timed by the engine's own stats."""
     from vllm import SamplingParams
 
     prompts = [
         {"prompt_token_ids": [(17 + 31 * i + 7 * j) % vocab for j in range(workload.prompt_len)]} for i in range(workload.concurrency)
     ]
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0, detokenize=False)
+    params = SamplingParams(max_tokens=workload.output_len, ignore_eos=True, temperature=0.0, detokenize=False)
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
-    if any(len(o.outputs[0].token_ids) != max_tokens for o in outputs):
+    if any(len(o.outputs[0].token_ids) != workload.output_len for o in outputs):
         raise RuntimeError("the engine returned fewer tokens than asked (ignore_eos not honoured)")
-    return elapsed
+    stats = [o.metrics for o in outputs]
+    if any(m is None for m in stats):
+        raise RuntimeError("the engine returned no request stats (start it with disable_log_stats=False)")
+    decode = [(m.last_token_ts - m.first_token_ts) / max(1, workload.output_len - 1) for m in stats]
+    return Wave(ttft_s=max(m.first_token_latency for m in stats), tpot_s=statistics.median(decode), elapsed_s=elapsed)
 
 
 def _spread(values: list[float]) -> float:
@@ -142,15 +156,10 @@ def _spread(values: list[float]) -> float:
 
 def _measure_workload(llm: Any, workload: Workload, vocab: int, settings: EngineSettings) -> dict[str, Any]:
     for _ in range(settings.warmup):
-        _wave(llm, workload, vocab, 1)
-        _wave(llm, workload, vocab, workload.output_len)
-    ttft, wave = [], []
-    for _ in range(settings.repeats):
-        ttft.append(_wave(llm, workload, vocab, 1))
-        wave.append(_wave(llm, workload, vocab, workload.output_len))
-    o = workload.output_len
-    tpot = [(w - t) / max(1, o - 1) for w, t in zip(wave, ttft, strict=True)]
-    thr = [workload.concurrency * o / w for w in wave]
+        _wave(llm, workload, vocab)
+    waves = [_wave(llm, workload, vocab) for _ in range(settings.repeats)]
+    ttft, tpot = [w.ttft_s for w in waves], [w.tpot_s for w in waves]
+    thr = [workload.concurrency * workload.output_len / w.elapsed_s for w in waves]
     return {
         "ttft_ms": statistics.median(ttft) * 1e3,
         "tpot_ms": statistics.median(tpot) * 1e3,
@@ -178,6 +187,7 @@ def _start_engine(ckpt: Path, settings: EngineSettings) -> Any:
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         enable_prefix_caching=False,  # every repeat must compute its prefill
+        disable_log_stats=False,  # per-request token timestamps: TTFT and TPOT from one wave
         enforce_eager=settings.enforce_eager,
         seed=0,
         **kwargs,

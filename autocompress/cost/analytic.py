@@ -45,9 +45,14 @@ class AnalyticCostModel(CostModel):
 
     # ------------------------------------------------------------------ building blocks
 
-    def _time(self, flops: torch.Tensor, nbytes: torch.Tensor, prefill: bool = False) -> torch.Tensor:
-        """Roofline time of one op in seconds: max(FLOPs / achieved FLOP/s, bytes / achieved bandwidth)."""
-        return torch.maximum(flops / (self._prefill_flops if prefill else self._flops), nbytes / self._bw)
+    def _time(self, flops: torch.Tensor, nbytes: torch.Tensor, rows: torch.Tensor | float, prefill: bool = False) -> torch.Tensor:
+        """Roofline time of one op in seconds: max(FLOPs / achieved FLOP/s, bytes / achieved bandwidth).
+
+        A matmul with few rows (decode: one per sequence) reaches only rows / (rows + m0) of the
+        achievable FLOP/s, m0 = hardware.gemm_half_rows (0 = no such penalty).
+        """
+        rate = (self._prefill_flops if prefill else self._flops) * rows / (rows + self.hw.gemm_half_rows)
+        return torch.maximum(flops / rate, nbytes / self._bw)
 
     def _params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Weight counts per hidden option: head [H], attention [H, A], FFN [H, F].
@@ -77,13 +82,13 @@ class AnalyticCostModel(CostModel):
         ctx = wl.prompt_len + wl.output_len / 2
         h, kv, i = self._h, self._kv, self._i
         w_proj = 2 * h * q + 2 * h * kv * hd
-        attn = self._time(2 * batch * w_proj, wb * w_proj)
-        attn = attn + self._time(4 * batch * q * ctx * (kv > 0), batch * ctx * 2 * kv * hd * wl.kv_bytes)
+        attn = self._time(2 * batch * w_proj, wb * w_proj, batch)
+        attn = attn + self._time(4 * batch * q * ctx * (kv > 0), batch * ctx * 2 * kv * hd * wl.kv_bytes, batch)
         attn = (attn + hw.block_overhead_us * 1e-6) * (kv > 0)
         w_ffn = 3 * h * i
-        ffn = (self._time(2 * batch * w_ffn, wb * w_ffn) + hw.block_overhead_us * 1e-6) * (i > 0)
+        ffn = (self._time(2 * batch * w_ffn, wb * w_ffn, batch) + hw.block_overhead_us * 1e-6) * (i > 0)
         hv = h[:, 0] * b.vocab_size
-        head = self._time(2 * batch * hv, wb * hv) + hw.step_overhead_ms * 1e-3
+        head = self._time(2 * batch * hv, wb * hv, batch) + hw.step_overhead_ms * 1e-3
         return head, attn, ffn
 
     def _prefill_tables(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -99,13 +104,14 @@ class AnalyticCostModel(CostModel):
         h, kv, i = self._h, self._kv, self._i
         w_proj = 2 * h * q + 2 * h * kv * hd
         kv_bytes = tokens * 2 * kv * hd * wl.kv_bytes
-        attn = self._time(2 * tokens * w_proj, chunks * wb * w_proj + kv_bytes, prefill=True)
-        attn = attn + self._time(2 * batch * q * p * p * (kv > 0), kv_bytes, prefill=True)
+        rows = tokens / chunks  # tokens per chunk
+        attn = self._time(2 * tokens * w_proj, chunks * wb * w_proj + kv_bytes, rows, prefill=True)
+        attn = attn + self._time(2 * batch * q * p * p * (kv > 0), kv_bytes, p, prefill=True)
         attn = (attn + chunks * hw.block_overhead_us * 1e-6) * (kv > 0)
         w_ffn = 3 * h * i
-        ffn = (self._time(2 * tokens * w_ffn, chunks * wb * w_ffn, prefill=True) + chunks * hw.block_overhead_us * 1e-6) * (i > 0)
+        ffn = (self._time(2 * tokens * w_ffn, chunks * wb * w_ffn, rows, prefill=True) + chunks * hw.block_overhead_us * 1e-6) * (i > 0)
         hv = h[:, 0] * b.vocab_size
-        head = self._time(2 * batch * hv, wb * hv, prefill=True) + chunks * self._prefill_overhead_ms * 1e-3
+        head = self._time(2 * batch * hv, wb * hv, batch, prefill=True) + chunks * self._prefill_overhead_ms * 1e-3
         return head, attn, ffn
 
     @staticmethod

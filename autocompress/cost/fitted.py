@@ -27,7 +27,15 @@ from autocompress.cost.analytic import AnalyticCostModel
 from autocompress.cost.base import ArchDistribution, CostModel
 from autocompress.errors import ConfigError
 
-FITTED = ("eta_compute", "eta_memory", "step_overhead_ms", "block_overhead_us", "prefill_eta_compute", "prefill_overhead_ms")
+FITTED = (
+    "eta_compute",
+    "eta_memory",
+    "step_overhead_ms",
+    "block_overhead_us",
+    "prefill_eta_compute",
+    "prefill_overhead_ms",
+    "gemm_half_rows",
+)
 VALIDATED = ("ttft_ms", "tpot_ms", "throughput_tok_s", "kv_capacity_tokens")
 
 
@@ -90,7 +98,9 @@ def fit_parameters(space: SearchSpace, hardware: Hardware, data: Sequence[Measur
     start = {k: getattr(hardware, k) for k in FITTED}
     start["prefill_eta_compute"] = start["prefill_eta_compute"] or hardware.eta_compute
     start["prefill_overhead_ms"] = hardware.step_overhead_ms if start["prefill_overhead_ms"] is None else start["prefill_overhead_ms"]
+    start["gemm_half_rows"] = start["gemm_half_rows"] or 1.0  # no prior knowledge: start at one row ...
     x0 = np.log(np.maximum([start[k] for k in FITTED], 1e-6))
+    pull = np.array([0.0 if k == "gemm_half_rows" else prior_weight for k in FITTED])  # ... and do not pull it
 
     def params(x: np.ndarray) -> dict[str, float]:
         values = dict(zip(FITTED, np.exp(x).tolist(), strict=True))
@@ -104,10 +114,10 @@ def fit_parameters(space: SearchSpace, hardware: Hardware, data: Sequence[Measur
         for m in data:
             pred = _predict(space, hw, m)
             out += [np.log(pred[k] / m.values[k]) for k in ("ttft_ms", "tpot_ms")]
-        out += list(prior_weight * (x - x0))
+        out += list(pull * (x - x0))
         return np.asarray(out)
 
-    upper = np.log([1.0, 1.0, 1e4, 1e6, 1.0, 1e5])
+    upper = np.log([1.0, 1.0, 1e4, 1e6, 1.0, 1e5, 1e4])
     result = least_squares(residuals, np.minimum(x0, upper - 1e-9), bounds=(np.log(1e-6) * np.ones(len(FITTED)), upper), x_scale=1.0)
     return params(result.x)
 
