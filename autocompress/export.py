@@ -221,9 +221,12 @@ def verify_export(
 VLLM_SCRIPT = """
 import json, os, sys
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# a correctness check, not a timing: engine core and worker in this process (no two more vLLM imports)
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 from vllm import LLM, SamplingParams
 if __name__ == "__main__":
     args = json.loads(sys.argv[1])
+    args["llm"].setdefault("distributed_executor_backend", "uni")
     llm = LLM(model=args["model"], trust_remote_code=True, skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
               max_model_len=args["max_model_len"], max_num_seqs=len(args["prompts"]), seed=0, **args["llm"])
     params = SamplingParams(max_tokens=args["new_tokens"], temperature=0.0, ignore_eos=True, detokenize=False)

@@ -324,17 +324,6 @@ def test_vllm_serves_exported_heterogeneous_checkpoint(tmp_path: Path) -> None:
 
 
 @pytest.mark.vllm
-def test_vllm_starts_weight_free_checkpoint(tmp_path: Path) -> None:
-    needs_vllm()
-    model = varied_tiny_model()
-    base = Architecture.from_llama_config(model.config)
-    arch = Architecture(**{**base.__dict__, "hidden_size": 64, "blocks": (Block(2, 32), Block(1, 0), Block(0, 96))})
-    out = write_checkpoint(arch, tmp_path / "dummy", model.config)
-    got = vllm_greedy(out, [[1, 2, 3, 4]], 4, load_format="dummy")
-    assert len(got) == 1 and len(got[0]) == 4
-
-
-@pytest.mark.vllm
 def test_cli_verifies_in_vllm(tmp_path: Path, capsys: Any) -> None:
     needs_vllm()
     arch = Architecture(96, 4, 32, 256, True, (Block(2, 96), Block(0, 64), Block(1, 0), Block(2, 128)))

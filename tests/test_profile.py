@@ -75,7 +75,10 @@ def measured(ray_local) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     """One engine per architecture: first one vLLM rejects, then three to fit and one held out."""
     base, config = tiny_base()
     space = SearchSpace.from_base(base, SpaceSpec(hidden_divisor=32, ffn_divisor=64))
-    settings = dataclasses.replace(engine_settings(CPU, [WORKLOAD], kv_cache_gib=1, repeats=2, warmup=1), timeout_s=600, enforce_eager=True)
+    # single_process: the measuring path without two more vLLM imports per engine (the suite stays fast)
+    settings = dataclasses.replace(
+        engine_settings(CPU, [WORKLOAD], kv_cache_gib=1, repeats=15, warmup=3), timeout_s=600, enforce_eager=True, single_process=True
+    )
     broken = Architecture(**{**base.__dict__, "blocks": (Block(0, 256), *base.blocks[1:])})  # vLLM 0.32 fails on it
     fit = [space.largest(), space.architecture(1, [1, 0, 2, 0], [3, 0, 1, 4]), space.architecture(0, [1, 1, 0, 1], [1, 2, 0, 0])]
     held = space.architecture(2, [2, 1, 0, 2], [4, 2, 3, 0])

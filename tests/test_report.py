@@ -94,7 +94,7 @@ def test_load_run_is_typed_and_layers_match_summary_columns(tiny_run: Path) -> N
     per_layer = results.layers(run.trials)
     assert len(per_layer) == 4 * len(run.trials)  # tiny_llama has 4 layers
     kept = per_layer.groupby("trial_id")[["attention_kept", "ffn_kept"]].sum()
-    expected = run.trials.set_index("trial_id")[["num_attention_kept", "num_ffn_kept"]]
+    expected = run.trials.set_index("trial_id")[["num_attention_kept", "num_ffn_kept"]].loc[kept.index]
     assert (kept["attention_kept"] == expected["num_attention_kept"]).all() and (kept["ffn_kept"] == expected["num_ffn_kept"]).all()
 
 

@@ -86,7 +86,9 @@ def _predict(space: SearchSpace, hardware: Hardware, m: Measurement) -> dict[str
     return AnalyticCostModel(space, hardware, m.workload).predict(m.arch)
 
 
-def fit_parameters(space: SearchSpace, hardware: Hardware, data: Sequence[Measurement], prior_weight: float = 0.3) -> dict[str, float]:
+def fit_parameters(
+    space: SearchSpace, hardware: Hardware, data: Sequence[Measurement], prior_weight: float = 0.3, gemm_prior_weight: float = 0.05
+) -> dict[str, float]:
     """Least-squares fit of the FITTED terms on log(TTFT) and log(TPOT), pulled towards the hardware config's values.
 
     The pull (prior_weight * log(value / prior) per term, a Gaussian prior in log space) keeps terms
@@ -100,7 +102,7 @@ def fit_parameters(space: SearchSpace, hardware: Hardware, data: Sequence[Measur
     start["prefill_overhead_ms"] = hardware.step_overhead_ms if start["prefill_overhead_ms"] is None else start["prefill_overhead_ms"]
     start["gemm_half_rows"] = start["gemm_half_rows"] or 1.0  # no prior knowledge: start at one row ...
     x0 = np.log(np.maximum([start[k] for k in FITTED], 1e-6))
-    pull = np.array([0.0 if k == "gemm_half_rows" else prior_weight for k in FITTED])  # ... and do not pull it
+    pull = np.array([gemm_prior_weight if k == "gemm_half_rows" else prior_weight for k in FITTED])  # ... and pull it only weakly
 
     def params(x: np.ndarray) -> dict[str, float]:
         values = dict(zip(FITTED, np.exp(x).tolist(), strict=True))
