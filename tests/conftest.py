@@ -61,3 +61,12 @@ def tiny_space(tiny_model: Any) -> SearchSpace:
 @pytest.fixture
 def tokens() -> torch.Tensor:
     return torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="session")
+def tiny_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One 2-trial grid sweep of the tiny model through the CLI and local Ray, shared by the tests that read a run."""
+    root = tmp_path_factory.mktemp("results")
+    overrides = [*TINY_CPU, "sweep.num_trials=2", f"results.dir={root}", "results.run_id=r1"]
+    out = run_cli("autocompress.sweep", "+scenario=cpu_interactive", *overrides)
+    return root / "cpu_interactive" / "r1", out

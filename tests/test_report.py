@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -16,21 +17,19 @@ from autocompress.pareto import COST_DIRECTIONS, pareto_frame
 from autocompress.report import main, without_reports
 from autocompress.results import FRONT_COLUMNS, TRIAL_SCHEMA, Run, RunFolderError
 
-from .conftest import TINY_CPU, run_cli
+from .conftest import run_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-# --------------------------------------------------------------------------- a tiny sweep, once for the module
+# --------------------------------------------------------------------------- the tiny sweep of conftest, once per session
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("results")
-    overrides = [*TINY_CPU, "sweep.num_trials=2", f"results.dir={root}", "results.run_id=r1"]
-    out = run_cli("autocompress.sweep", "+scenario=cpu_interactive", *overrides)
+def tiny_run(tiny_sweep: tuple[Path, Any]) -> Path:
+    run, out = tiny_sweep
     assert out.returncode == 0, out.stderr[-3000:]
-    return root / "cpu_interactive" / "r1"
+    return run
 
 
 # --------------------------------------------------------------------------- a hand-made run with the columns later stages add

@@ -18,18 +18,21 @@ from .conftest import TINY_CPU, run_cli
 
 @pytest.mark.ray
 @pytest.mark.parametrize("sweep", ["default", "optuna"])
-def test_two_trial_sweep_writes_parquet(tmp_path: Path, sweep: str) -> None:
-    out = run_cli(
-        "autocompress.sweep",
-        "+scenario=cpu_interactive",
-        *TINY_CPU,
-        f"sweep={sweep}",
-        "sweep.num_trials=2",
-        f"results.dir={tmp_path}",
-        "results.run_id=test",
-    )
+def test_two_trial_sweep_writes_parquet(tmp_path: Path, sweep: str, request: pytest.FixtureRequest) -> None:
+    if sweep == "default":  # the grid run conftest makes once for every test that reads a run
+        run, out = request.getfixturevalue("tiny_sweep")
+    else:
+        out = run_cli(
+            "autocompress.sweep",
+            "+scenario=cpu_interactive",
+            *TINY_CPU,
+            f"sweep={sweep}",
+            "sweep.num_trials=2",
+            f"results.dir={tmp_path}",
+            "results.run_id=test",
+        )
+        run = tmp_path / "cpu_interactive" / "test"
     assert out.returncode == 0, out.stderr[-3000:]
-    run = tmp_path / "cpu_interactive" / "test"
     assert f"trials: {run / 'trials.parquet'}" in out.stdout and f"pareto: {run / 'pareto.parquet'}" in out.stdout
     trials = pd.read_parquet(run / "trials.parquet")
     pareto = pd.read_parquet(run / "pareto.parquet")

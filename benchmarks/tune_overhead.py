@@ -1,0 +1,111 @@
+"""Ray Tune overhead: the same N searches of the tiny model through the sweep vs in a plain loop in one process.
+
+Both sides prepare once (model, ranking, teacher outputs) and run the grid's first N settings one
+after another with the same torch threads; the sweep adds starting local Ray, Tune, its worker
+process and the per-trial Parquet writes. overhead = sweep_s / loop_s - 1.
+
+.venv/bin/python benchmarks/tune_overhead.py --trials 8 --out benchmarks/out/tune_overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autocompress.compose import compose_spec
+from autocompress.config import RunSpec
+from autocompress.models import load_base_model
+from autocompress.prepare import prepare
+from autocompress.search import run_search
+from autocompress.sweep import grid_points, load_definition, run_sweep, trial_row, trial_settings
+
+TINY = [
+    "+scenario=cpu_interactive",
+    "model=tiny_llama",
+    "search.space.hidden_divisor=16",
+    "search.space.ffn_divisor=32",
+    "search.eval_sequences=4",
+    "search.importance_sequences=4",
+    "data.seq_len=32",
+    "data.calib_sequences=8",
+    "data.heldout_sequences=4",
+    "scenario.constraints.tpot_ms=0.97x",
+    "scenario.constraints.ttft_ms=0.9x",
+]
+
+
+def plain_loop(spec: RunSpec) -> tuple[float, float]:
+    """(wall seconds, seconds inside the searches) of prepare + every trial in this process."""
+    start = time.perf_counter()
+    prepared = prepare(spec, progress=False)
+    definition = load_definition(spec.sweep.definition)
+    threads = int(spec.sweep.cpus_per_trial)  # as run_trial: the trial's CPUs are its torch threads
+    torch.set_num_threads(threads)
+    search = dataclasses.replace(spec.search, threads=threads)
+    search_s = 0.0
+    for point in grid_points(definition["grid"], spec.sweep.num_trials, spec.search.settings.seed):
+        settings = trial_settings(point, spec)
+        model = load_base_model(spec.model).model
+        result = run_search(model, prepared.inputs, prepared.cost_model, search, settings)
+        trial_row(settings, result, prepared.inputs.constraints, prepared.cost_model)
+        search_s += result.wall_s
+    return time.perf_counter() - start, search_s
+
+
+def through_sweep(spec: RunSpec) -> tuple[float, float]:
+    """(wall seconds, seconds inside the searches) of the same trials through run_sweep on local Ray."""
+    import pandas as pd
+    import ray
+
+    start = time.perf_counter()
+    run_dir = run_sweep(spec, "benchmark: no config.yaml\n")
+    wall = time.perf_counter() - start
+    ray.shutdown()
+    return wall, float(pd.read_parquet(run_dir / "trials.parquet")["wall_s"].sum())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--trials", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=40, help="search steps per trial (the search default)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per search (sweep.cpus_per_trial)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as results:
+        overrides = [f"search.steps={args.steps}", f"sweep.num_trials={args.trials}", f"sweep.cpus_per_trial={args.threads}"]
+        overrides += ["sweep.max_concurrent_trials=1", f"results.dir={results}", "results.run_id=bench"]
+        spec = compose_spec(*TINY, *overrides)
+        loop_s, loop_search_s = plain_loop(spec)
+        sweep_s, sweep_search_s = through_sweep(spec)
+    report: dict[str, Any] = {
+        "trials": args.trials,
+        "steps": args.steps,
+        "threads": args.threads,
+        "loop_s": round(loop_s, 2),
+        "sweep_s": round(sweep_s, 2),
+        "overhead": round(sweep_s / loop_s - 1, 4),
+        "overhead_per_trial_s": round((sweep_s - loop_s) / args.trials, 3),
+        "loop_search_s": round(loop_search_s, 2),
+        "sweep_search_s": round(sweep_search_s, 2),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "cpus": os.cpu_count(),
+    }
+    print(json.dumps(report, indent=2))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
