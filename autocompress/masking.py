@@ -144,7 +144,8 @@ class MaskedModel:
         m = self._masks
         if m is None:
             return None
-        x = args[0].float()  # [b, s, d]; pruned channels are already 0 in the residual stream
+        x = args[0]  # [b, s, d]; pruned channels are already 0 in the residual stream
+        x = x.to(torch.promote_types(x.dtype, torch.float32))  # at least fp32, as LlamaRMSNorm; float64 stays
         var = x.pow(2).sum(-1, keepdim=True) / m.width
         return (module.weight * (x * torch.rsqrt(var + module.variance_epsilon)) * m.hidden).to(out.dtype)
 
@@ -153,7 +154,7 @@ class MaskedModel:
             return None
         shape = out.shape
         heads = out.view(*shape[:-1], -1, head_dim)  # [b, s, kv, hd]
-        return torch.einsum("bsjd,kj->bskd", heads, self._masks.kv_mix[idx]).reshape(shape)
+        return torch.einsum("bsjd,kj->bskd", heads, self._masks.kv_mix[idx].to(heads.dtype)).reshape(shape)
 
     def _gate_attention(self, idx: int, module: Any, args: Any, out: torch.Tensor) -> torch.Tensor | None:
         m = self._masks

@@ -279,6 +279,37 @@ def test_failed_verification_writes_nothing(run_dir: Path, tmp_path: Path, capsy
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("trial", ["good", "homog"])
+def test_rounding_beyond_fp32_tolerance_is_settled_in_float64(
+    run_dir: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch, trial: str
+) -> None:
+    """A deep, hard-pruned model can exceed the fp32 tolerance by rounding alone; float64 then decides."""
+    seen: list[float] = []
+    real = export_mod.float_64_difference
+    monkeypatch.setattr(export_mod, "LOGIT_ATOL", 0.0)  # every fp32 comparison fails: the float64 one must pass
+    monkeypatch.setattr(export_mod, "float_64_difference", lambda *a: seen.append(real(*a)) or seen[-1])
+    assert main([str(run_dir), f"trial={trial}", f"out={tmp_path / 'out'}"]) == 0, capsys.readouterr().err
+    assert len(seen) == 1 and seen[0] <= export_mod.LOGIT_ATOL_FP64
+
+
+def test_weights_written_wrong_are_caught_after_the_fp32_check(
+    run_dir: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The float64 check re-slices the weights; what is on disk must equal the slice, or the export fails."""
+    real = export_mod.write_checkpoint
+
+    def off_by_a_little(arch: Architecture, out: Path, config: Any, state: dict[str, torch.Tensor]) -> Path:
+        state = dict(state)
+        state["model.layers.1.mlp.down_proj.weight"] = state["model.layers.1.mlp.down_proj.weight"] * (1 + 1e-3)
+        return real(arch, out, config, state)
+
+    monkeypatch.setattr(export_mod, "LOGIT_ATOL", 0.0)
+    monkeypatch.setattr(export_mod, "write_checkpoint", off_by_a_little)
+    assert main([str(run_dir), "trial=good", f"out={tmp_path / 'out'}"]) == 2
+    assert "model.layers.1.mlp.down_proj.weight differs from the pruned slice" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_runs_as_module(tmp_path: Path) -> None:
     proc = run_cli("autocompress.export", str(tmp_path / "nothing.parquet"), "trial=x", f"out={tmp_path / 'o'}", timeout=120)
     assert proc.returncode == 2 and "error: results file" in proc.stderr
