@@ -3,14 +3,34 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from autocompress.errors import ConfigError
+from autocompress.errors import AutoCompressError, ConfigError
 
 
 class UsageError(ConfigError):
     """The command line is malformed (entry points print their usage after the message)."""
+
+
+def run_command(argv: list[str] | None, usage: str, body: Callable[[list[str]], None]) -> int:
+    """An entry point's shell: the usage for -h/--help (exit 0) or no arguments (exit 2); `body(args)`;
+    bad input as one `error:` line (plus the usage for a malformed command line) and exit 2."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(usage)
+        return 0 if args else 2
+    try:
+        body(args)
+    except UsageError as exc:
+        print(f"error: {exc}\n\n{usage}", file=sys.stderr)
+        return 2
+    except AutoCompressError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from autocompress.config import DataSpec, ModelSpec, build
 from autocompress.data import load_token_data
-from autocompress.errors import AutoCompressError, ConfigError
+from autocompress.errors import ConfigError
 from autocompress.tasks import DEFAULT_DATA_DIR
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -332,39 +332,33 @@ usage: python -m autocompress.distill STUDENT out=DIR [tokens=N] [KEY=VALUE ...]
 
 
 def main(argv: list[str] | None = None) -> int:
+    from autocompress.cliargs import run_command
+
+    return run_command(argv, USAGE, _distill_command)
+
+
+def _distill_command(args: list[str]) -> None:
     from autocompress.checkpoint import BASE, load_checkpoint
     from autocompress.cliargs import UsageError, flag, parse
 
-    args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0 if args else 2
-    try:
-        cmd = parse(args, "distill", DistillSpec, options=("out", "teacher", "overwrite", "resume"))
-        if len(cmd.positional) != 1 or not cmd.options.get("out"):
-            raise UsageError("give the STUDENT checkpoint folder and out=DIR")
-        spec = build(DistillSpec, cmd.config.get("distill") or {}, "distill")
-        data = build(DataSpec, cmd.config.get("data") or {}, "data")
-        base = build(ModelSpec, cmd.config.get("model"), "model")
-        student = Path(cmd.positional[0])
-        if not (student / "config.json").exists():
-            raise ConfigError(f"{student} is not a checkpoint folder (no config.json); export one with python -m autocompress.export")
-        teacher = load_checkpoint(cmd.options.get("teacher", BASE), base)
-        overwrite, resume = (flag(k, cmd.options.get(k, default)) for k, default in (("overwrite", "false"), ("resume", "true")))
-        eval_dir = (cmd.config.get("evaluate") or {}).get("data_dir")
-        forbid = (DEFAULT_DATA_DIR, *([Path(eval_dir)] if eval_dir else []))
-        out = Path(cmd.options["out"])
-        res = distill(student, out, teacher.model, teacher.tokenizer, data, spec, overwrite, resume, evaluation_dirs=forbid)
-    except UsageError as exc:
-        print(f"error: {exc}\n\n{USAGE}", file=sys.stderr)
-        return 2
-    except AutoCompressError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    cmd = parse(args, "distill", DistillSpec, options=("out", "teacher", "overwrite", "resume"))
+    if len(cmd.positional) != 1 or not cmd.options.get("out"):
+        raise UsageError("give the STUDENT checkpoint folder and out=DIR")
+    spec = build(DistillSpec, cmd.config.get("distill") or {}, "distill")
+    data = build(DataSpec, cmd.config.get("data") or {}, "data")
+    base = build(ModelSpec, cmd.config.get("model"), "model")
+    student = Path(cmd.positional[0])
+    if not (student / "config.json").exists():
+        raise ConfigError(f"{student} is not a checkpoint folder (no config.json); export one with python -m autocompress.export")
+    teacher = load_checkpoint(cmd.options.get("teacher", BASE), base)
+    overwrite, resume = (flag(k, cmd.options.get(k, default)) for k, default in (("overwrite", "false"), ("resume", "true")))
+    eval_dir = (cmd.config.get("evaluate") or {}).get("data_dir")
+    forbid = (DEFAULT_DATA_DIR, *([Path(eval_dir)] if eval_dir else []))
+    out = Path(cmd.options["out"])
+    res = distill(student, out, teacher.model, teacher.tokenizer, data, spec, overwrite, resume, evaluation_dirs=forbid)
     resumed = f" (resumed at step {res.resumed_from})" if res.resumed_from else ""
     print(f"distilled {res.steps} steps, {res.tokens:,} tokens{resumed} in {res.wall_s:.0f}s -> {res.out}")
     print(f"held-out KL(teacher || student): {res.kl_before:.4f} -> {res.kl_after:.4f} nats/token; loss log: {res.out / 'distill_log.csv'}")
-    return 0
 
 
 if __name__ == "__main__":

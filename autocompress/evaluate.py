@@ -28,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from autocompress.config import ModelSpec, build
-from autocompress.errors import AutoCompressError, ConfigError
+from autocompress.errors import ConfigError
 from autocompress.tasks import TASKS, Item, check_task_names, data_dir, load_items
 
 ALL_TASKS = tuple(TASKS)
@@ -464,36 +464,30 @@ usage: python -m autocompress.evaluate MODEL [out=DIR] [limit=N] [tasks=a,b] [KE
 
 
 def main(argv: list[str] | None = None) -> int:
+    from autocompress.cliargs import run_command
+
+    return run_command(argv, USAGE, _evaluate_command)
+
+
+def _evaluate_command(args: list[str]) -> None:
     from autocompress.checkpoint import load_checkpoint
     from autocompress.cliargs import UsageError, parse
 
-    args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0 if args else 2
-    try:
-        cmd = parse(args, "evaluate", EvalSpec, options=("out",))
-        if len(cmd.positional) != 1:
-            raise UsageError("give exactly one MODEL (a checkpoint folder or `base`)")
-        spec = build(EvalSpec, cmd.config.get("evaluate") or {}, "evaluate")
-        base = build(ModelSpec, cmd.config.get("model"), "model")
-        target = cmd.positional[0]
-        out = Path(cmd.options.get("out") or Path(cmd.config["results"]["dir"]) / "evaluate" / Path(target).name)
-        if spec.source == "lm-eval":
-            result = evaluate_lm_eval(target, spec)
-        else:
-            loaded = load_checkpoint(target, base)
-            result = evaluate_model(loaded.model, loaded.tokenizer, spec, name=loaded.name)
-        write_result(result, out)
-        print(table(result))
-        print(f"\nresults: {out / 'scores.parquet'} (per item: {out / 'items.parquet'}); {result.meta['wall_s']:.0f}s")
-    except UsageError as exc:
-        print(f"error: {exc}\n\n{USAGE}", file=sys.stderr)
-        return 2
-    except AutoCompressError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    cmd = parse(args, "evaluate", EvalSpec, options=("out",))
+    if len(cmd.positional) != 1:
+        raise UsageError("give exactly one MODEL (a checkpoint folder or `base`)")
+    spec = build(EvalSpec, cmd.config.get("evaluate") or {}, "evaluate")
+    base = build(ModelSpec, cmd.config.get("model"), "model")
+    target = cmd.positional[0]
+    out = Path(cmd.options.get("out") or Path(cmd.config["results"]["dir"]) / "evaluate" / Path(target).name)
+    if spec.source == "lm-eval":
+        result = evaluate_lm_eval(target, spec)
+    else:
+        loaded = load_checkpoint(target, base)
+        result = evaluate_model(loaded.model, loaded.tokenizer, spec, name=loaded.name)
+    write_result(result, out)
+    print(table(result))
+    print(f"\nresults: {out / 'scores.parquet'} (per item: {out / 'items.parquet'}); {result.meta['wall_s']:.0f}s")
 
 
 if __name__ == "__main__":

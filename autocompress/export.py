@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from autocompress.arch import Architecture, SearchSpace
+from autocompress.cliargs import UsageError, run_command
 from autocompress.compose import run_spec_of
 from autocompress.config import RunSpec
 from autocompress.data import load_token_data
@@ -583,10 +584,6 @@ usage: python -m autocompress.export RESULTS (trial=ID | index=N) out=DIR [overw
   vllm=true       also serve the export with vLLM and compare its greedy tokens with transformers'"""
 
 
-class UsageError(ConfigError):
-    """The command line is malformed (the message is followed by the usage text)."""
-
-
 @dataclass(frozen=True)
 class ExportRequest:
     """What to export and where."""
@@ -674,19 +671,7 @@ def summary(e: Exported) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0 if args else 2
-    try:
-        print(summary(export(parse_args(args))))
-    except UsageError as exc:
-        print(f"error: {exc}\n\n{USAGE}", file=sys.stderr)
-        return 2
-    except AutoCompressError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_command(argv, USAGE, lambda args: print(summary(export(parse_args(args)))))
 
 
 if __name__ == "__main__":

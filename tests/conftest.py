@@ -70,3 +70,12 @@ def tiny_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproce
     overrides = [*TINY_CPU, "sweep.num_trials=2", f"results.dir={root}", "results.run_id=r1"]
     out = run_cli("autocompress.sweep", "+scenario=cpu_interactive", *overrides)
     return root / "cpu_interactive" / "r1", out
+
+
+@pytest.fixture
+def one_thread() -> Any:
+    """Tiny models gain nothing from threads, and the development machine is shared: one torch thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 import yaml
 
 from autocompress.compare import job_from_dict, paired_bootstrap, pick_trial, run_compare
@@ -24,13 +23,7 @@ from autocompress.sweep import trial_row
 
 from .conftest import SHARED_DATA, TINY_CPU, compose_dict
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models gain nothing from threads
 
 
 def items(correct: list[float], task: str = "piqa") -> pd.DataFrame:

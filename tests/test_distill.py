@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,7 @@ DATA = DataSpec(seq_len=32, calib_sequences=4, heldout_sequences=4)
 SPEC = DistillSpec(tokens=12 * 4 * 32, seq_len=32, batch_size=4, lr=3e-3, warmup_steps=2, save_every=4, eval_sequences=4)
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models gain nothing from threads
 
 
 @pytest.fixture

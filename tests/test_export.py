@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +24,7 @@ from autocompress.models import load_base_model, tiny_llama
 from autocompress.results import architecture_columns, trials_frame
 from tests.conftest import TINY_CPU, run_cli
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny models gain nothing from threads, and the shared development machine is oversubscribed."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models gain nothing from threads
 
 
 def hetero(space: SearchSpace, hidden: int, *blocks: Block) -> Architecture:

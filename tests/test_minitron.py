@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +17,7 @@ from autocompress.models import ByteTokenizer
 
 from .test_arch import SMOLLM2
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models gain nothing from threads
 
 
 def smollm2_setup(memory: float, tpot: float) -> tuple[SearchSpace, AnalyticCostModel, tuple[Constraint, ...]]:
