@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -53,8 +55,12 @@ def check_space(base: Architecture, space: SearchSpace) -> None:
         raise InfeasibleError("the search space does not contain the base model; check search.space divisors")
 
 
-def prepare(spec: RunSpec, progress: bool = True) -> Prepared:
-    """Load the base model, build space and cost model, resolve constraints, cache teacher outputs."""
+def prepare(spec: RunSpec, progress: bool = True, on_checked: Callable[[], Any] | None = None) -> Prepared:
+    """Load the base model, build space and cost model, resolve constraints, cache teacher outputs.
+
+    `on_checked` is called once the model, space, cost model and constraints are known to be valid,
+    before the data and the teacher's outputs (the long part): the sweep starts Ray there.
+    """
     start = time.time()
     base_model = load_base_model(spec.model)
     base = Architecture.from_llama_config(base_model.model.config)
@@ -70,6 +76,8 @@ def prepare(spec: RunSpec, progress: bool = True) -> Prepared:
         "constraints: " + ", ".join(f"{c.describe()} -> {a.value:.4g}" for c, a in zip(spec.scenario.constraints, constraints, strict=True))
     )
     data = load_token_data(spec.data, base_model.tokenizer)
+    if on_checked is not None:
+        on_checked()
     model = base_model.model
     ranking = rank_units(model, data.calib[: spec.search.importance_sequences], progress=progress)
     calib_hidden = teacher_hidden(model, data.calib, progress=progress, desc="teacher (calibration)")

@@ -5,7 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import socket
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +72,42 @@ def init_ray(address: str | None) -> None:
         if not address and not os.environ.get("RAY_ADDRESS"):
             raise
         raise ConfigError(f"could not join the Ray cluster at {where}: {exc}") from exc
+
+
+def start_ray(address: str | None) -> Callable[[], None]:
+    """Start `init_ray(address)` on a thread and return a function that waits for it (raising what it raised).
+
+    Starting local Ray takes seconds of process start-up; the sweep overlaps it with computing the
+    teacher's outputs. The thread then stays parked until the process exits: Ray's processes die
+    with the thread that started them (PR_SET_PDEATHSIG). Off the main thread, ray.init leaves the
+    process's SIGTERM handler alone, so the sweep's own (record the run as interrupted) stays.
+    """
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            init_ray(address)
+        except BaseException as exc:  # handed to the waiting thread
+            failure.append(exc)
+        done.set()
+        if not failure:
+            threading.Event().wait()  # park: Ray's processes live as long as this thread
+
+    threading.Thread(target=target, name="ray-init", daemon=True).start()
+
+    def wait() -> None:
+        done.wait()
+        if failure:
+            raise failure[0]
+        if threading.current_thread() is threading.main_thread():
+            # Ray's core worker put its C++ crash reporter on SIGTERM, which aborts the process (exit
+            # 134) after the Python handler ran; give SIGTERM back to the Python handler alone.
+            handler = signal.getsignal(signal.SIGTERM)
+            if handler is not None:
+                signal.signal(signal.SIGTERM, handler)
+
+    return wait
 
 
 # --------------------------------------------------------------------------- shared storage (NFS path or s3:// gs:// URI)

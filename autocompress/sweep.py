@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from autocompress.cost import CostModel
 from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.pareto import COST_DIRECTIONS, pareto_frame
 from autocompress.prepare import Prepared, log, prepare
-from autocompress.raycluster import check_ray_address, fetch_dir, init_ray, is_uri, mirror_files, storage_join
+from autocompress.raycluster import check_ray_address, fetch_dir, is_uri, mirror_files, start_ray, storage_join
 from autocompress.results import architecture_columns, feasibility_columns, trials_frame, write_json, write_parquet, write_text
 from autocompress.search import SearchInputs, SearchResult
 
@@ -436,14 +436,22 @@ def _resume(run: RunFolder, prepared: Prepared) -> dict[str, Any]:
     return meta
 
 
-def _fit(spec: RunSpec, definition: dict[str, Any], run: RunFolder, prepared: Prepared, rows: list[dict[str, Any]], attempt: int) -> None:
-    """Run the trials that `rows` lacks on Ray Tune, recording each in trials.parquet as it finishes."""
+def _fit(
+    spec: RunSpec,
+    definition: dict[str, Any],
+    run: RunFolder,
+    prepared: Prepared,
+    rows: list[dict[str, Any]],
+    attempt: int,
+    ray_ready: Callable[[], None],
+) -> None:
+    """Run the trials that `rows` lacks on Ray Tune (once `ray_ready()` returns), recording each in trials.parquet as it finishes."""
     from ray import tune
 
     param_space, searcher, num_samples = tune_space(definition, spec, run.path, rows)
+    ray_ready()
     if num_samples == 0:
         return
-    init_ray(spec.sweep.ray_address)
     resources = {"cpu": spec.sweep.cpus_per_trial, "gpu": spec.sweep.gpus_per_trial}
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, spec=spec, inputs=prepared.inputs, cost_model=prepared.cost_model), resources
@@ -475,7 +483,9 @@ def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -
     run = RunFolder.of(spec, resume_dir or new_run_dir(spec))
     if spec.sweep.ray_address:
         check_ray_address(spec.sweep.ray_address)
-    prepared: Prepared = prepare(spec)
+    started: list[Callable[[], None]] = []  # Ray starts once the spec is checked, while the teacher's outputs are computed
+    prepared: Prepared = prepare(spec, on_checked=lambda: started.append(start_ray(spec.sweep.ray_address)))
+    ray_ready = started[0]
     if resume_dir is None:
         definition = load_definition(spec.sweep.definition)
         meta, rows = _start(spec, config_yaml, prepared, definition, run), []
@@ -486,7 +496,7 @@ def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -
     run.write_metadata(meta)
     start = time.time()
     try:
-        _fit(spec, definition, run, prepared, rows, attempt=len(meta.get("resumed", [])))
+        _fit(spec, definition, run, prepared, rows, attempt=len(meta.get("resumed", [])), ray_ready=ray_ready)
         if len(rows) < spec.sweep.num_trials:
             raise Interrupted(f"{len(rows)} of {spec.sweep.num_trials} trials recorded in {run.path / 'trials.parquet'}")
         trials = trials_frame(rows)

@@ -1,10 +1,12 @@
 """Ray Tune overhead: the same N searches of the tiny model through the sweep vs in a plain loop in one process.
 
 Both sides prepare once (model, ranking, teacher outputs) and run the grid's first N settings one
-after another with the same torch threads; the sweep adds starting local Ray, Tune, its worker
-process and the per-trial Parquet writes. overhead = sweep_s / loop_s - 1.
+after another with the same torch threads; the sweep adds Tune, its worker process and the
+per-trial Parquet writes, and, cold, starting local Ray (overlapped with the teacher's outputs).
+Warm, Ray is already up, as on a cluster the sweep joins. overhead = sweep_s / loop_s - 1; each
+side runs --repeats times, interleaved, and the medians are compared.
 
-.venv/bin/python benchmarks/tune_overhead.py --trials 8 --out benchmarks/out/tune_overhead.json
+.venv/bin/python benchmarks/tune_overhead.py --trials 8 --repeats 3 --out benchmarks/out/tune_overhead.json
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -60,11 +63,18 @@ def plain_loop(spec: RunSpec) -> tuple[float, float]:
     return time.perf_counter() - start, search_s
 
 
-def through_sweep(spec: RunSpec) -> tuple[float, float]:
-    """(wall seconds, seconds inside the searches) of the same trials through run_sweep on local Ray."""
+def through_sweep(spec: RunSpec, warm: bool) -> tuple[float, float]:
+    """(wall seconds, seconds inside the searches) of the same trials through run_sweep on local Ray.
+
+    Cold, the sweep starts Ray itself; warm, Ray is started first and not timed.
+    """
     import pandas as pd
     import ray
 
+    from autocompress.raycluster import init_ray
+
+    if warm:
+        init_ray(None)
     start = time.perf_counter()
     run_dir = run_sweep(spec, "benchmark: no config.yaml\n")
     wall = time.perf_counter() - start
@@ -77,26 +87,33 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--steps", type=int, default=40, help="search steps per trial (the search default)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per search (sweep.cpus_per_trial)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each side, interleaved; medians compared")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory() as results:
-        overrides = [f"search.steps={args.steps}", f"sweep.num_trials={args.trials}", f"sweep.cpus_per_trial={args.threads}"]
-        overrides += ["sweep.max_concurrent_trials=1", f"results.dir={results}", "results.run_id=bench"]
-        spec = compose_spec(*TINY, *overrides)
-        loop_s, loop_search_s = plain_loop(spec)
-        sweep_s, sweep_search_s = through_sweep(spec)
+    runs: dict[str, list[tuple[float, float]]] = {"loop": [], "cold": [], "warm": []}
+    for repeat in range(args.repeats):
+        with tempfile.TemporaryDirectory() as results:
+            overrides = [f"search.steps={args.steps}", f"sweep.num_trials={args.trials}", f"sweep.cpus_per_trial={args.threads}"]
+            overrides += ["sweep.max_concurrent_trials=1", f"results.dir={results}"]
+            runs["loop"].append(plain_loop(compose_spec(*TINY, *overrides)))
+            runs["cold"].append(through_sweep(compose_spec(*TINY, *overrides, f"results.run_id=cold{repeat}"), warm=False))
+            runs["warm"].append(through_sweep(compose_spec(*TINY, *overrides, f"results.run_id=warm{repeat}"), warm=True))
+    wall = {side: statistics.median(w for w, _ in done) for side, done in runs.items()}
     report: dict[str, Any] = {
         "trials": args.trials,
         "steps": args.steps,
         "threads": args.threads,
-        "loop_s": round(loop_s, 2),
-        "sweep_s": round(sweep_s, 2),
-        "overhead": round(sweep_s / loop_s - 1, 4),
-        "overhead_per_trial_s": round((sweep_s - loop_s) / args.trials, 3),
-        "loop_search_s": round(loop_search_s, 2),
-        "sweep_search_s": round(sweep_search_s, 2),
+        "repeats": args.repeats,
+        "loop_s": round(wall["loop"], 2),
+        "sweep_cold_s": round(wall["cold"], 2),
+        "sweep_warm_s": round(wall["warm"], 2),
+        "overhead_cold": round(wall["cold"] / wall["loop"] - 1, 4),
+        "overhead_warm": round(wall["warm"] / wall["loop"] - 1, 4),
+        "overhead_cold_per_trial_s": round((wall["cold"] - wall["loop"]) / args.trials, 3),
+        "overhead_warm_per_trial_s": round((wall["warm"] - wall["loop"]) / args.trials, 3),
+        "runs": {side: [{"wall_s": round(w, 2), "search_s": round(s, 2)} for w, s in done] for side, done in runs.items()},
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "cpus": os.cpu_count(),

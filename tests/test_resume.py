@@ -162,6 +162,24 @@ def test_ctrl_c_then_resume_runs_only_the_rest(tmp_path: Path) -> None:
 
 
 @pytest.mark.ray
+def test_sigterm_records_the_run_as_interrupted(tmp_path: Path) -> None:
+    """`ray job stop` or a pod eviction sends SIGTERM to the driver: the run is left resumable, exit 130, no crash report."""
+    run, log = tmp_path / "cpu_interactive" / "st", tmp_path / "first.log"
+    args = [*TINY_RUN, "sweep.num_trials=4", "sweep.max_concurrent_trials=1", f"results.dir={tmp_path}", "results.run_id=st"]
+    proc = start_cli("autocompress.sweep", *args, log=log)
+    try:
+        wait_for(log, "trial 1/4", proc)
+        proc.send_signal(signal.SIGTERM)  # the driver alone
+        assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
+    finally:
+        kill_group(proc)
+    meta = json.loads((run / "metadata.json").read_text())
+    assert meta["status"] == "interrupted" and f"resume={run}" in log.read_text()
+    assert "SIGTERM received" not in log.read_text()  # Ray's C++ crash reporter, which aborted the process (exit 134)
+    assert 1 <= len(_rows(run)) < 4
+
+
+@pytest.mark.ray
 def test_killed_driver_and_lost_disk_resume_from_shared_storage(tmp_path: Path) -> None:
     """An Optuna sweep whose driver is killed and whose local run folder is lost resumes from sweep.storage_path."""
     import optuna
