@@ -130,9 +130,12 @@ class Stages:
         self.done: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {}
         self.seconds: dict[str, float | str] = {}
 
-    def run(self, name: str, key: Any, target: Path, build_fn: Callable[[], object]) -> None:
+    def run(self, name: str, key: Any, target: Path, build_fn: Callable[[], object], shared: bool = False) -> None:
+        """Build `target` unless it was built with `key`. A `shared` target (used by other runs too) keeps its key beside it."""
         key = json.loads(json.dumps(key, default=str))
-        if self.done.get(name) == key and target.exists():
+        record = target.with_name(f"{target.name}.stage.json") if shared else None
+        done = json.loads(record.read_text()) if record is not None and record.exists() else self.done.get(name)
+        if done == key and target.exists():
             log(f"{name}: reusing {target}")
             self.seconds[name] = "reused"
             return
@@ -140,10 +143,16 @@ class Stages:
         build_fn()
         self.seconds[name] = time.time() - start
         self.done[name] = key
-        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps(self.done, indent=2) + "\n")
-        os.replace(tmp, self.path)
+        _write_json(self.path, self.done)
+        if record is not None:
+            _write_json(record, key)
         log(f"{name}: {self.seconds[name]:.0f}s -> {target}")
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def pick_trial(trials: pd.DataFrame, trial: str | None, run_dir: Path) -> dict[str, Any]:
@@ -341,7 +350,7 @@ def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stag
         m.distill = json.loads((target / "distill.json").read_text())
     ekey = {"evaluate": dataclasses.asdict(job.evaluate), "model": dataclasses.asdict(spec.model)}
     base_eval = Path(spec.results_dir).resolve() / "evaluate" / f"base-{spec.model.name}-{_hash(ekey)}"
-    stages.run("base/eval", ekey, base_eval, partial(evaluate_stage, job, ctx, "base", base_eval))
+    stages.run("base/eval", ekey, base_eval, partial(evaluate_stage, job, ctx, "base", base_eval), shared=True)
     for m in models:
         target = out / m.name / "eval"
         key = {**ekey, **dkey, "student": m.arch.to_json()}

@@ -143,3 +143,7 @@ def test_compare_runs_every_stage_and_reuses_them(
     run_compare(job)  # a rerun with the same settings reuses every stage
     seconds = json.loads((out / "compare.json").read_text())["seconds"]
     assert all(seconds[s] == "reused" for s in seconds if "/" in s), seconds
+    other = job_from_dict(compose_dict(*overrides, *small, f"compare.out={tmp_path / 'other'}"))
+    run_compare(other)  # another run (another scenario's, say) reuses the unpruned model's scores
+    seconds = json.loads((tmp_path / "other" / "compare.json").read_text())["seconds"]
+    assert seconds["base/eval"] == "reused" and seconds["autocompress/eval"] != "reused", seconds
