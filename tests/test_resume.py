@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -135,21 +136,28 @@ def _rows(run: Path) -> pd.DataFrame:
     return pd.read_parquet(run / "trials.parquet").set_index("trial_id")
 
 
-@pytest.mark.ray
-def test_ctrl_c_then_resume_runs_only_the_rest(tmp_path: Path) -> None:
-    run, log = tmp_path / "cpu_interactive" / "cc", tmp_path / "first.log"
-    args = [*TINY_RUN, "sweep.num_trials=4", "sweep.max_concurrent_trials=1", f"results.dir={tmp_path}", "results.run_id=cc"]
+def interrupt_sweep(tmp_path: Path, run_id: str, send: Callable[[subprocess.Popen[bytes]], None]) -> tuple[Path, Path, list[str]]:
+    """Start a 4-trial sweep, `send` it a signal after its first trial; check it exits 130 and is left resumable."""
+    run, log = tmp_path / "cpu_interactive" / run_id, tmp_path / "first.log"
+    args = [*TINY_RUN, "sweep.num_trials=4", "sweep.max_concurrent_trials=1", f"results.dir={tmp_path}", f"results.run_id={run_id}"]
     proc = start_cli("autocompress.sweep", *args, log=log)
     try:
         wait_for(log, "trial 1/4", proc)
-        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
+        send(proc)
         assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
     finally:
         kill_group(proc)
     meta = json.loads((run / "metadata.json").read_text())
-    before = _rows(run)
     assert meta["status"] == "interrupted" and f"resume={run}" in log.read_text()
-    assert 1 <= len(before) < 4 and (before["status"] == "ok").all()
+    assert 1 <= len(_rows(run)) < 4
+    return run, log, args
+
+
+@pytest.mark.ray
+def test_ctrl_c_then_resume_runs_only_the_rest(tmp_path: Path) -> None:
+    run, _, args = interrupt_sweep(tmp_path, "cc", lambda proc: os.killpg(proc.pid, signal.SIGINT))  # Ctrl-C: the whole group
+    before = _rows(run)
+    assert (before["status"] == "ok").all()
 
     out = run_cli("autocompress.sweep", *args, "resume=true")
     assert out.returncode == 0, out.stderr[-3000:]
@@ -164,19 +172,8 @@ def test_ctrl_c_then_resume_runs_only_the_rest(tmp_path: Path) -> None:
 @pytest.mark.ray
 def test_sigterm_records_the_run_as_interrupted(tmp_path: Path) -> None:
     """`ray job stop` or a pod eviction sends SIGTERM to the driver: the run is left resumable, exit 130, no crash report."""
-    run, log = tmp_path / "cpu_interactive" / "st", tmp_path / "first.log"
-    args = [*TINY_RUN, "sweep.num_trials=4", "sweep.max_concurrent_trials=1", f"results.dir={tmp_path}", "results.run_id=st"]
-    proc = start_cli("autocompress.sweep", *args, log=log)
-    try:
-        wait_for(log, "trial 1/4", proc)
-        proc.send_signal(signal.SIGTERM)  # the driver alone
-        assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
-    finally:
-        kill_group(proc)
-    meta = json.loads((run / "metadata.json").read_text())
-    assert meta["status"] == "interrupted" and f"resume={run}" in log.read_text()
+    _, log, _ = interrupt_sweep(tmp_path, "st", lambda proc: proc.send_signal(signal.SIGTERM))  # the driver alone
     assert "SIGTERM received" not in log.read_text()  # Ray's C++ crash reporter, which aborted the process (exit 134)
-    assert 1 <= len(_rows(run)) < 4
 
 
 @pytest.mark.ray
