@@ -39,7 +39,7 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 class DistillSpec:
     """Distillation budget and optimiser (conf/distill/default.yaml)."""
 
-    tokens: int = 131072  # training tokens (steps = tokens / (batch_size * seq_len), rounded up)
+    tokens: int = 65536  # training tokens (steps = tokens / (batch_size * seq_len), rounded up)
     seq_len: int = 256
     batch_size: int = 4
     lr: float = 1e-4  # peak AdamW step

