@@ -143,16 +143,10 @@ class Stages:
         build_fn()
         self.seconds[name] = time.time() - start
         self.done[name] = key
-        _write_json(self.path, self.done)
+        write_json(self.done, self.path)
         if record is not None:
-            _write_json(record, key)
+            write_json(key, record)
         log(f"{name}: {self.seconds[name]:.0f}s -> {target}")
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def pick_trial(trials: pd.DataFrame, trial: str | None, run_dir: Path) -> dict[str, Any]:
