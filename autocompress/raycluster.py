@@ -72,6 +72,20 @@ def init_ray(address: str | None) -> None:
         if not address and not os.environ.get("RAY_ADDRESS"):
             raise
         raise ConfigError(f"could not join the Ray cluster at {where}: {exc}") from exc
+    python_sigterm()
+
+
+def python_sigterm() -> None:
+    """Give SIGTERM back to its Python handler (on the main thread; elsewhere it cannot be set).
+
+    Ray's core worker puts its C++ crash reporter on SIGTERM, which runs the Python handler and
+    then aborts the process (exit 134, a stack dump): a `ray job stop` or a pod eviction would look
+    like a crash and skip the CLI's own clean-up.
+    """
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(signal.SIGTERM)
+        if handler is not None:
+            signal.signal(signal.SIGTERM, handler)
 
 
 def start_ray(address: str | None) -> Callable[[], None]:
@@ -100,12 +114,7 @@ def start_ray(address: str | None) -> Callable[[], None]:
         done.wait()
         if failure:
             raise failure[0]
-        if threading.current_thread() is threading.main_thread():
-            # Ray's core worker put its C++ crash reporter on SIGTERM, which aborts the process (exit
-            # 134) after the Python handler ran; give SIGTERM back to the Python handler alone.
-            handler = signal.getsignal(signal.SIGTERM)
-            if handler is not None:
-                signal.signal(signal.SIGTERM, handler)
+        python_sigterm()
 
     return wait
 

@@ -177,6 +177,22 @@ def test_sigterm_records_the_run_as_interrupted(tmp_path: Path) -> None:
 
 
 @pytest.mark.ray
+def test_sigterm_after_joining_ray_is_not_a_crash() -> None:
+    """profile, verify and compare join Ray on the main thread: SIGTERM then ends them like Ray's handler says (exit 15), no crash dump."""
+    code = "\n".join(
+        [
+            "import os, signal, time",
+            "from autocompress.raycluster import init_ray",
+            "init_ray(None)",
+            "os.kill(os.getpid(), signal.SIGTERM)",
+            "time.sleep(30)",
+        ]
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 15 and "SIGTERM received" not in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.ray
 def test_killed_driver_and_lost_disk_resume_from_shared_storage(tmp_path: Path) -> None:
     """An Optuna sweep whose driver is killed and whose local run folder is lost resumes from sweep.storage_path."""
     import optuna
