@@ -1,7 +1,8 @@
 """Architectures in the nemotron-nas (DeciLM) `block_configs` form, and the search space over them.
 
-One global hidden size; per layer an attention block (kept with some KV heads, query heads
-unchanged, or no-op) and an FFN block (an intermediate size, or no-op).
+One global hidden size and one global query-head count (whole heads removed within every KV group,
+as Minitron prunes them); per layer an attention block (kept with some KV heads, or no-op) and an
+FFN block (an intermediate size, or no-op).
 """
 
 from __future__ import annotations
@@ -139,8 +140,9 @@ class Architecture:
 class SearchSpace:
     """Discrete options per decision, each sorted ascending (the last one is the base model's).
 
-    hidden: global hidden sizes; attention: KV-head counts (0 = no-op); ffn: intermediate sizes
-    (0 = no-op). Every layer shares the attention and FFN option lists; `attention_floor[l]` is the
+    hidden: global hidden sizes; heads: global query-head counts (multiples of the base KV-head
+    count, so every KV group keeps the same number of query heads and every KV option divides
+    them); attention: KV-head counts (0 = no-op); ffn: intermediate sizes (0 = no-op). Every layer shares the attention and FFN option lists; `attention_floor[l]` is the
     lowest attention option layer l may take: layer 0 keeps its attention, because vLLM (0.32)
     cannot serve a DeciLM whose first computing layer has a no-op attention.
     """
@@ -150,8 +152,11 @@ class SearchSpace:
     attention: tuple[int, ...]
     ffn: tuple[int, ...]
     attention_floor: tuple[int, ...] = ()
+    heads: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if not self.heads:
+            object.__setattr__(self, "heads", (self.base.num_attention_heads,))
         if not self.attention_floor:
             first = 1 if self.attention[0] == 0 else 0
             object.__setattr__(self, "attention_floor", (first,) + (0,) * (self.base.num_layers - 1))
@@ -165,31 +170,37 @@ class SearchSpace:
         ffn = _grid(blk.ffn, spec.ffn_divisor, spec.min_ffn_fraction, "search.space.ffn_divisor")
         kv = tuple(k for k in range(1, blk.kv_heads + 1) if blk.kv_heads % k == 0)
         attention = ((0,) if spec.allow_attention_noop else ()) + kv
-        return SearchSpace(base, hidden, attention, ((0,) if spec.allow_ffn_noop else ()) + ffn)
+        nq, groups = base.num_attention_heads, blk.kv_heads
+        heads = tuple(range(groups, nq + 1, groups)) if spec.query_heads else (nq,)
+        return SearchSpace(base, hidden, attention, ((0,) if spec.allow_ffn_noop else ()) + ffn, heads=heads)
 
     @property
     def num_layers(self) -> int:
         return self.base.num_layers
 
-    def architecture(self, hidden: int, attention: list[int], ffn: list[int]) -> Architecture:
-        """The architecture picked by option indices (one hidden index, one per layer for the others)."""
+    def architecture(self, hidden: int, attention: list[int], ffn: list[int], heads: int | None = None) -> Architecture:
+        """The architecture picked by option indices (one hidden and one query-head index, one per layer for the others).
+
+        `heads` None = the base model's query heads (the last option).
+        """
         blocks = tuple(Block(self.attention[a], self.ffn[f]) for a, f in zip(attention, ffn, strict=True))
         return Architecture(
             hidden_size=self.hidden[hidden],
-            num_attention_heads=self.base.num_attention_heads,
+            num_attention_heads=self.heads[len(self.heads) - 1 if heads is None else heads],
             head_dim=self.base.head_dim,
             vocab_size=self.base.vocab_size,
             tie_word_embeddings=self.base.tie_word_embeddings,
             blocks=blocks,
         )
 
-    def indices(self, arch: Architecture) -> tuple[int, list[int], list[int]]:
-        """Option indices of `arch`; raises ConfigError if it is not in this space."""
+    def indices(self, arch: Architecture) -> tuple[int, list[int], list[int], int]:
+        """Option indices (hidden, attention per layer, FFN per layer, query heads) of `arch`; ConfigError if not in this space."""
         try:
             return (
                 self.hidden.index(arch.hidden_size),
                 [self.attention.index(b.kv_heads) for b in arch.blocks],
                 [self.ffn.index(b.ffn) for b in arch.blocks],
+                self.heads.index(arch.num_attention_heads),
             )
         except ValueError as exc:
             raise ConfigError(f"architecture is not in the search space: {exc}") from exc
@@ -199,12 +210,12 @@ class SearchSpace:
         return self.architecture(len(self.hidden) - 1, [len(self.attention) - 1] * n, [len(self.ffn) - 1] * n)
 
     def smallest(self) -> Architecture:
-        return self.architecture(0, list(self.attention_floor), [0] * self.num_layers)
+        return self.architecture(0, list(self.attention_floor), [0] * self.num_layers, 0)
 
     def allows(self, arch: Architecture) -> bool:
         """Is `arch` in the space, floors included?"""
         try:
-            _, att, _ = self.indices(arch)
+            _, att, _, _ = self.indices(arch)
         except ConfigError:
             return False
         return all(a >= f for a, f in zip(att, self.attention_floor, strict=True))
@@ -212,7 +223,7 @@ class SearchSpace:
     def size(self) -> float:
         """Number of distinct architectures."""
         attention = [len(self.attention) - f for f in self.attention_floor]
-        return len(self.hidden) * math.prod(float(a * len(self.ffn)) for a in attention)
+        return len(self.hidden) * len(self.heads) * math.prod(float(a * len(self.ffn)) for a in attention)
 
 
 def _grid(full: int, divisor: int, min_fraction: float, key: str) -> tuple[int, ...]:

@@ -205,6 +205,7 @@ class SpaceSpec:
     min_ffn_fraction: float = 0.125
     allow_attention_noop: bool = True
     allow_ffn_noop: bool = True
+    query_heads: bool = True  # search the global query-head count (whole heads per KV group, as Minitron prunes)
 
     def __post_init__(self) -> None:
         _positive("search.space.hidden_divisor", self.hidden_divisor)

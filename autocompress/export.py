@@ -1,9 +1,10 @@
 """`python -m autocompress.export RESULTS trial=ID out=DIR`: a sweep's chosen architecture as a pruned checkpoint.
 
 Weights are sliced in the importance order the search used: hidden channels keep the top-ranked
-ones (embedding, norms, every projection, LM head), FFN neurons the top-ranked per layer, and KV
-heads are mean-pooled within groups of consecutive heads, exactly as `masking.MaskedModel` computes
-them; no-op blocks have no weights. Heterogeneous results become DeciLM (nemotron-nas) checkpoints
+ones (embedding, norms, every projection, LM head), FFN neurons the top-ranked per layer, query
+heads the top-ranked of every KV group per layer (Q rows and O columns, in their original order),
+and KV heads are mean-pooled within groups of consecutive heads, exactly as `masking.MaskedModel`
+computes them; no-op blocks have no weights. Heterogeneous results become DeciLM (nemotron-nas) checkpoints
 with their own code (`autocompress.decilm`), homogeneous ones plain Llama checkpoints. The export
 is loaded back and compared with the masked model before it appears (temp folder, then rename).
 """
@@ -51,7 +52,7 @@ def sliced_layers(model: Any, arch: Architecture, ranking: Ranking) -> tuple[dic
     """(global tensors, per-layer tensors) of the pruned model; a no-op block contributes no tensors."""
     keep = torch.sort(ranking.hidden[: arch.hidden_size]).values
     inner = model.model
-    base_kv = model.config.num_key_value_heads
+    base_kv, nq = model.config.num_key_value_heads, model.config.num_attention_heads
     glob = {"embed": inner.embed_tokens.weight[:, keep], "norm": inner.norm.weight[keep]}
     if not arch.tie_word_embeddings:
         glob["lm_head"] = model.lm_head.weight[:, keep]
@@ -60,11 +61,14 @@ def sliced_layers(model: Any, arch: Architecture, ranking: Ranking) -> tuple[dic
         out: dict[str, torch.Tensor] = {}
         att = layer.self_attn
         if block.kv_heads:
+            heads = ranking.kept_heads(idx, nq, base_kv, arch.num_attention_heads)
+            hd = att.q_proj.weight.shape[0] // nq
+            q_rows = (heads[:, None] * hd + torch.arange(hd)).flatten()  # channels of the kept query heads
             out["input_norm"] = layer.input_layernorm.weight[keep]
-            out["q"] = att.q_proj.weight[:, keep]
+            out["q"] = att.q_proj.weight[q_rows][:, keep]
             out["k"] = merge_heads(att.k_proj.weight, base_kv, block.kv_heads)[:, keep]
             out["v"] = merge_heads(att.v_proj.weight, base_kv, block.kv_heads)[:, keep]
-            out["o"] = att.o_proj.weight[keep, :]
+            out["o"] = att.o_proj.weight[keep][:, q_rows]
         if block.ffn:
             neurons = torch.sort(ranking.ffn[idx][: block.ffn]).values
             mlp = layer.mlp
@@ -112,10 +116,24 @@ def llama_config(base_config: Any, arch: Architecture) -> Any:
             f"transformers' LlamaConfig needs hidden_size % num_attention_heads == 0 ({arch.hidden_size}, {arch.num_attention_heads})"
         )
     raw = base_config.to_dict()
-    for key in ("hidden_size", "intermediate_size", "num_key_value_heads", "head_dim", "_name_or_path", "architectures", "dtype"):
+    for key in (
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "_name_or_path",
+        "architectures",
+        "dtype",
+    ):
         raw.pop(key, None)
     config = LlamaConfig(
-        **raw, hidden_size=arch.hidden_size, intermediate_size=block.ffn, num_key_value_heads=block.kv_heads, head_dim=arch.head_dim
+        **raw,
+        hidden_size=arch.hidden_size,
+        intermediate_size=block.ffn,
+        num_attention_heads=arch.num_attention_heads,
+        num_key_value_heads=block.kv_heads,
+        head_dim=arch.head_dim,
     )
     config.architectures = ["LlamaForCausalLM"]
     return config

@@ -1,7 +1,10 @@
 """Activation importance on calibration text (as Minitron does), and teacher outputs cached once.
 
 Hidden channel importance: mean |activation| of every RMSNorm output (all layers and the final
-norm), summed. FFN neuron importance: mean |act(gate(x)) * up(x)| per neuron, per layer.
+norm), summed. FFN neuron importance: mean |act(gate(x)) * up(x)| per neuron, per layer. Query-head
+importance as ModelOpt's Minitron ranks heads: per channel of the output projection's input, the
+L2 norm over sequences of the mean |activation| over tokens; per head the L2 norm over its channels;
+heads ranked within their KV group.
 """
 
 from __future__ import annotations
@@ -14,6 +17,24 @@ from tqdm.auto import tqdm
 from autocompress.masking import Ranking
 
 
+def sequence_l2_part(x: torch.Tensor) -> torch.Tensor:
+    """[b, s, c] -> [c]: sum over sequences of (mean over tokens of |x|)^2; its square root is ModelOpt's L2 aggregate."""
+    return x.float().abs().mean(dim=1).pow(2).sum(dim=0).double()
+
+
+def head_order(o_proj_sq: torch.Tensor, num_heads: int, groups: int) -> torch.Tensor:
+    """[L, nq*hd] accumulated `sequence_l2_part` of o_proj inputs -> [L, nq] head ids, most important first within each KV group.
+
+    Position g*r + j holds group g's j-th most important head (r = nq / groups), as ModelOpt's
+    group-aware ranking; keeping m heads per group keeps positions g*r .. g*r + m - 1.
+    """
+    layers = o_proj_sq.shape[0]
+    per_head = o_proj_sq.sqrt().view(layers, num_heads, -1).norm(dim=2)  # [L, nq]
+    r = num_heads // groups
+    within = per_head.view(layers, groups, r).argsort(dim=2, descending=True, stable=True)  # [L, G, r]
+    return (within + torch.arange(0, num_heads, r)[None, :, None]).flatten(1)
+
+
 @torch.no_grad()
 def rank_units(model: Any, tokens: torch.Tensor, batch_size: int = 4, progress: bool = True) -> Ranking:
     """Importance order of hidden channels and per-layer FFN neurons, most important first."""
@@ -21,6 +42,8 @@ def rank_units(model: Any, tokens: torch.Tensor, batch_size: int = 4, progress: 
     d = model.config.hidden_size
     hidden = torch.zeros(d, dtype=torch.float64)
     ffn = torch.zeros(len(inner.layers), model.config.intermediate_size, dtype=torch.float64)
+    nq, kv = model.config.num_attention_heads, model.config.num_key_value_heads
+    o_sq = torch.zeros(len(inner.layers), inner.layers[0].self_attn.o_proj.in_features, dtype=torch.float64)
     handles = []
 
     def on_norm(module: Any, args: Any, out: torch.Tensor) -> None:
@@ -32,11 +55,18 @@ def rank_units(model: Any, tokens: torch.Tensor, batch_size: int = 4, progress: 
 
         return hook
 
+    def on_o_proj(idx: int) -> Any:
+        def hook(module: Any, args: Any) -> None:
+            o_sq[idx].add_(sequence_l2_part(args[0]))
+
+        return hook
+
     handles.append(inner.norm.register_forward_hook(on_norm))
     for idx, layer in enumerate(inner.layers):
         handles.append(layer.input_layernorm.register_forward_hook(on_norm))
         handles.append(layer.post_attention_layernorm.register_forward_hook(on_norm))
         handles.append(layer.mlp.down_proj.register_forward_pre_hook(on_ffn(idx)))
+        handles.append(layer.self_attn.o_proj.register_forward_pre_hook(on_o_proj(idx)))
     try:
         for start in tqdm(range(0, len(tokens), batch_size), desc="importance", disable=not progress):
             model.model(input_ids=tokens[start : start + batch_size], use_cache=False)
@@ -46,6 +76,7 @@ def rank_units(model: Any, tokens: torch.Tensor, batch_size: int = 4, progress: 
     return Ranking(
         hidden=torch.argsort(hidden, descending=True, stable=True),
         ffn=torch.argsort(ffn, dim=1, descending=True, stable=True),
+        heads=head_order(o_sq, nq, kv),
     )
 
 

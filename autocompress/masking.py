@@ -4,6 +4,8 @@ Given (relaxed) one-hot choices per decision, the hooks make the model compute e
 pruned architecture computes:
 - hidden width: embedding output and every residual write (o_proj, down_proj) keep the top-ranked
   channels; RMSNorm statistics are taken over the kept channels only (as in the pruned model);
+- query heads: whole heads are removed within every KV group (the top-ranked ones of each group
+  kept, as Minitron prunes them) by zeroing their slice of the output projection's input;
 - attention: K and V heads are mean-pooled within groups of consecutive heads (query head i keeps
   using merged head i // (n_q / kv)); a no-op layer's attention output is zeroed;
 - FFN: the top-ranked intermediate neurons of each layer are kept (none for a no-op FFN).
@@ -29,13 +31,28 @@ class Ranking:
 
     hidden: torch.Tensor  # [d] channel ids
     ffn: torch.Tensor  # [L, i] neuron ids per layer
+    heads: torch.Tensor | None = None  # [L, nq] query-head ids per layer, KV group by group (None = index order)
+
+    def head_order(self, num_layers: int, num_heads: int) -> torch.Tensor:
+        """[L, nq]: per layer, group g's query heads (ids g*r .. g*r+r-1) most important first at positions g*r .."""
+        if self.heads is not None:
+            return self.heads
+        return torch.arange(num_heads).expand(num_layers, num_heads).clone()
+
+    def kept_heads(self, layer: int, num_heads: int, groups: int, kept: int) -> torch.Tensor:
+        """Sorted ids of the `kept` query heads of `layer`: the first kept / groups of every KV group's ranking."""
+        order = self.head_order(layer + 1, num_heads)[layer].view(groups, num_heads // groups)
+        return torch.sort(order[:, : kept // groups].flatten()).values
 
     def save(self, path: Path) -> None:
         """Write to `path` (safetensors) atomically."""
         from safetensors.torch import save_file
 
         tmp = path.with_name(f".{path.name}.tmp")
-        save_file({"hidden": self.hidden.contiguous(), "ffn": self.ffn.contiguous()}, str(tmp))
+        tensors = {"hidden": self.hidden.contiguous(), "ffn": self.ffn.contiguous()}
+        if self.heads is not None:
+            tensors["heads"] = self.heads.contiguous()
+        save_file(tensors, str(tmp))
         tmp.replace(path)
 
     @staticmethod
@@ -43,25 +60,30 @@ class Ranking:
         from safetensors.torch import load_file
 
         data = load_file(str(path))
-        return Ranking(hidden=data["hidden"], ffn=data["ffn"])
+        return Ranking(hidden=data["hidden"], ffn=data["ffn"], heads=data.get("heads"))
 
 
 @dataclass
 class _Masks:
     hidden: torch.Tensor  # [d]
     width: torch.Tensor  # scalar: kept hidden channels (for RMSNorm statistics)
-    kv_mix: torch.Tensor  # [L, kv, kv]: merged head k = sum_j kv_mix[l, k, j] * head j
+    heads: torch.Tensor | None  # [L, nq*hd] query-head mask on the output projection's input (None = all heads)
+    kv_mix: torch.Tensor  # [L, kv, kv] float64: merged head k = sum_j kv_mix[l, k, j] * head j
     attn_gate: torch.Tensor  # [L]
     ffn: torch.Tensor  # [L, i]
 
 
 def kv_merge_matrix(base_kv: int, kept: int) -> torch.Tensor:
-    """[base_kv, base_kv] matrix replacing every head by the mean of its group of base_kv // kept heads."""
+    """[base_kv, base_kv] float64 matrix replacing every head by the mean of its group of base_kv // kept heads.
+
+    float64, so that the export's float64 check compares against 1/3, not fp32(1/3); it is cast to
+    the activations' dtype where it is applied.
+    """
     if kept == 0:
-        return torch.eye(base_kv)
+        return torch.eye(base_kv, dtype=torch.float64)
     group = base_kv // kept
     ids = torch.arange(base_kv) // group
-    return (ids[:, None] == ids[None, :]).float() / group
+    return (ids[:, None] == ids[None, :]).to(torch.float64) / group
 
 
 class MaskedModel:
@@ -78,8 +100,13 @@ class MaskedModel:
         ffn_pos = torch.empty_like(ranking.ffn)
         ffn_pos.scatter_(1, ranking.ffn, torch.arange(i).expand_as(ranking.ffn))
         self._p_ffn = (ffn_pos[:, None, :] < torch.tensor(space.ffn)[None, :, None]).float()  # [L, F, i]
-        kv = base.blocks[0].kv_heads
-        self._kv_mats = torch.stack([kv_merge_matrix(kv, k) for k in space.attention])  # [A, kv, kv]
+        kv, nq, hd = base.blocks[0].kv_heads, base.num_attention_heads, base.head_dim
+        self._kv_mats = torch.stack([kv_merge_matrix(kv, k) for k in space.attention])  # [A, kv, kv] float64
+        head_masks = torch.zeros(base.num_layers, len(space.heads), nq)  # [L, Q, nq]
+        for layer in range(base.num_layers):
+            for q, kept in enumerate(space.heads):
+                head_masks[layer, q, ranking.kept_heads(layer, nq, kv, kept)] = 1.0
+        self._p_heads = head_masks.repeat_interleave(hd, dim=2)  # [L, Q, nq*hd]
         self._gate = torch.tensor([float(k > 0) for k in space.attention])  # [A]
         self._widths = torch.tensor(space.hidden, dtype=torch.float32)  # [H]
         self._masks: _Masks | None = None
@@ -88,23 +115,25 @@ class MaskedModel:
 
     # ------------------------------------------------------------------ selecting an architecture
 
-    def set(self, hidden: torch.Tensor, attention: torch.Tensor, ffn: torch.Tensor) -> None:
-        """Choices as (relaxed) one-hot weights: hidden [H], attention [L, A], ffn [L, F]."""
+    def set(self, hidden: torch.Tensor, attention: torch.Tensor, ffn: torch.Tensor, heads: torch.Tensor | None = None) -> None:
+        """Choices as (relaxed) one-hot weights: hidden [H], attention [L, A], ffn [L, F], query heads [Q] (None = all)."""
         self._masks = _Masks(
             hidden=hidden @ self._p_hidden,
             width=hidden @ self._widths,
-            kv_mix=torch.einsum("la,akj->lkj", attention, self._kv_mats),
+            heads=None if heads is None else torch.einsum("q,lqc->lc", heads, self._p_heads),
+            kv_mix=torch.einsum("la,akj->lkj", attention.to(torch.float64), self._kv_mats),
             attn_gate=attention @ self._gate,
             ffn=torch.einsum("lf,lfi->li", ffn, self._p_ffn),
         )
 
     def set_architecture(self, arch: Architecture) -> None:
-        h, att, ffn = self.space.indices(arch)
+        h, att, ffn, q = self.space.indices(arch)
         onehot = torch.nn.functional.one_hot
         self.set(
             onehot(torch.tensor(h), len(self.space.hidden)).float(),
             onehot(torch.tensor(att), len(self.space.attention)).float(),
             onehot(torch.tensor(ffn), len(self.space.ffn)).float(),
+            onehot(torch.tensor(q), len(self.space.heads)).float(),
         )
 
     def clear(self) -> None:
@@ -130,6 +159,7 @@ class MaskedModel:
             self._hook(attn.k_proj, partial(self._merge_kv, idx, attn.head_dim))
             self._hook(attn.v_proj, partial(self._merge_kv, idx, attn.head_dim))
             self._hook(attn.o_proj, partial(self._gate_attention, idx))
+            self._handles.append(attn.o_proj.register_forward_pre_hook(partial(self._mask_heads, idx)))
             self._hook(mlp.down_proj, self._mask_hidden)
             self._handles.append(mlp.down_proj.register_forward_pre_hook(partial(self._mask_ffn, idx)))
 
@@ -159,6 +189,10 @@ class MaskedModel:
     def _gate_attention(self, idx: int, module: Any, args: Any, out: torch.Tensor) -> torch.Tensor | None:
         m = self._masks
         return None if m is None else out * (m.attn_gate[idx] * m.hidden)
+
+    def _mask_heads(self, idx: int, module: Any, args: Any) -> tuple[torch.Tensor] | None:
+        m = self._masks
+        return None if m is None or m.heads is None else (args[0] * m.heads[idx].to(args[0].dtype),)
 
     def _mask_ffn(self, idx: int, module: Any, args: Any) -> tuple[torch.Tensor] | None:
         return None if self._masks is None else (args[0] * self._masks.ffn[idx],)

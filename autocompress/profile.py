@@ -45,7 +45,7 @@ def random_architecture(space: SearchSpace, rng: random.Random) -> Architecture:
     """Independent random options per decision; a no-op is as likely as any width."""
     att = [rng.randrange(floor, len(space.attention)) for floor in space.attention_floor]
     ffn = [rng.randrange(len(space.ffn)) for _ in range(space.num_layers)]
-    return space.architecture(rng.randrange(len(space.hidden)), att, ffn)
+    return space.architecture(rng.randrange(len(space.hidden)), att, ffn, rng.randrange(len(space.heads)))
 
 
 def design(

@@ -1,6 +1,6 @@
 """One differentiable architecture search run: a plain function, callable (and tested) without Ray.
 
-Every decision (global hidden width; per layer attention and FFN option) has a learnable
+Every decision (global hidden width and query-head count; per layer attention and FFN option) has a learnable
 categorical distribution, sampled with straight-through Gumbel-softmax at an annealed temperature.
 The loss is the KL divergence from the unpruned teacher to the sampled student on calibration text,
 plus sum_c lambda_c * g_c (+ 0.5 * rho * max(g_c, 0)^2), where g_c is the normalised violation of
@@ -48,6 +48,7 @@ class SearchResult:
     perplexity: float  # held-out perplexity of the student
     repair_steps: int  # downgrades applied after the search to meet the constraints
     wall_s: float
+    argmax: Architecture | None = None  # the most probable architecture before repair
     history: list[dict[str, float]] = field(default_factory=list)
 
     @property
@@ -107,24 +108,26 @@ def evaluate(
     return kl_sum / n_kl, math.exp(nll_sum / n_nll)
 
 
-Move = tuple[int, list[int], list[int]]  # option indices: hidden, attention per layer, FFN per layer
+Move = tuple[int, list[int], list[int], int]  # option indices: hidden, attention per layer, FFN per layer, query heads
 
 
 def _downgrades(idx: Move, logp: list[torch.Tensor], floor: tuple[int, ...]) -> list[tuple[Move, float]]:
     """Every single-decision downgrade of `idx` the space allows, with the log-probability it gives up."""
-    h, att, ffn = idx
+    h, att, ffn, q = idx
     moves: list[tuple[Move, float]] = []
     if h > 0:
-        moves.append(((h - 1, att, ffn), float(logp[0][h] - logp[0][h - 1])))
+        moves.append(((h - 1, att, ffn, q), float(logp[0][h] - logp[0][h - 1])))
+    if q > 0:
+        moves.append(((h, att, ffn, q - 1), float(logp[3][q] - logp[3][q - 1])))
     for layer in range(len(att)):
         if att[layer] > floor[layer]:
             a2 = att.copy()
             a2[layer] -= 1
-            moves.append(((h, a2, ffn), float(logp[1][layer, att[layer]] - logp[1][layer, a2[layer]])))
+            moves.append(((h, a2, ffn, q), float(logp[1][layer, att[layer]] - logp[1][layer, a2[layer]])))
         if ffn[layer] > 0:
             f2 = ffn.copy()
             f2[layer] -= 1
-            moves.append(((h, att, f2), float(logp[2][layer, ffn[layer]] - logp[2][layer, f2[layer]])))
+            moves.append(((h, att, f2, q), float(logp[2][layer, ffn[layer]] - logp[2][layer, f2[layer]])))
     return moves
 
 
@@ -133,7 +136,7 @@ def repair(
     space: SearchSpace,
     cost_model: CostModel,
     constraints: tuple[Constraint, ...],
-    logits: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    logits: tuple[torch.Tensor, ...],
     quality: Callable[[Architecture], float] | None = None,
     candidates: int = 3,
 ) -> tuple[Architecture, int]:
@@ -180,10 +183,12 @@ def run_search(
     settings: LagrangianSettings,
     on_step: Callable[[dict[str, float]], None] | None = None,
     progress: bool = False,
+    kl_weight: float = 1.0,
 ) -> SearchResult:
     """Search one architecture for the given Lagrangian settings; weights stay frozen.
 
     `progress` shows a bar with loss, KL, multipliers and expected costs (off inside Ray trials).
+    `kl_weight` scales the KL term (0 = a cost-only search: the baseline that ignores quality).
     """
     start = time.time()
     space, cons = inputs.space, inputs.constraints
@@ -191,7 +196,8 @@ def run_search(
     if spec.threads:
         torch.set_num_threads(spec.threads)
     logits = []
-    for n_rows, n_opts in ((None, len(space.hidden)), (space.num_layers, len(space.attention)), (space.num_layers, len(space.ffn))):
+    shapes = ((None, len(space.hidden)), (space.num_layers, len(space.attention)), (space.num_layers, len(space.ffn)), (None, len(space.heads)))
+    for n_rows, n_opts in shapes:
         t = torch.zeros(n_opts) if n_rows is None else torch.zeros(n_rows, n_opts)
         t[..., -1] = spec.init_bias  # start at the base model
         logits.append(t.requires_grad_(True))
@@ -201,7 +207,7 @@ def run_search(
         forbidden[layer, :floor] = -1e4
 
     def current() -> list[torch.Tensor]:
-        return [logits[0], logits[1] + forbidden, logits[2]]
+        return [logits[0], logits[1] + forbidden, logits[2], logits[3]]
 
     lambdas = torch.full((len(cons),), settings.lambda_init, dtype=torch.float64)
     masked = MaskedModel(model, space, inputs.ranking)
@@ -217,7 +223,7 @@ def run_search(
             costs = cost_model.expected(ArchDistribution(*(torch.softmax(t, dim=-1) for t in current())))
             g = torch.stack([violation(c, costs[c.metric], settings.margin) for c in cons])
             penalty = (lambdas * g).sum() + 0.5 * settings.quadratic * torch.relu(g).pow(2).sum()
-            loss = kl + penalty.float()
+            loss = kl_weight * kl + penalty.float()
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -231,14 +237,14 @@ def run_search(
                 on_step(record)
         masked.clear()
         final = current()
-        h, att, ffn = (t.detach().argmax(-1) for t in final)
-        arch = space.architecture(int(h), att.tolist(), ffn.tolist())
+        h, att, ffn, q = (t.detach().argmax(-1) for t in final)
+        arch = argmax = space.architecture(int(h), att.tolist(), ffn.tolist(), int(q))
         probe = inputs.calib[:1], inputs.teacher_calib[:1]  # the same sequence for every candidate
 
         def quality(a: Architecture) -> float:
             return evaluate(model, masked, a, *probe)[0]
 
-        arch, repairs = repair(arch, space, cost_model, cons, (final[0], final[1], final[2]), quality)
+        arch, repairs = repair(arch, space, cost_model, cons, tuple(final), quality)
         held = inputs.heldout[: spec.eval_sequences]
         kl_held, ppl = evaluate(model, masked, arch, held, inputs.teacher_heldout[: spec.eval_sequences])
     finally:
@@ -253,4 +259,5 @@ def run_search(
         repair_steps=repairs,
         wall_s=time.time() - start,
         history=history,
+        argmax=argmax,
     )

@@ -77,7 +77,14 @@ def test_space_options_and_extremes() -> None:
     assert space.largest() == Architecture.from_llama_config(SMOLLM2)
     smallest = space.smallest()
     assert smallest.hidden_size == 320 and smallest.blocks[0] == Block(1, 0) and all(b == Block(0, 0) for b in smallest.blocks[1:])
-    assert space.indices(space.largest()) == (4, [2] * 30, [len(space.ffn) - 1] * 30)
+    assert space.heads == (3, 6, 9)  # whole query heads per KV group: 1, 2 or 3 of each group's 3
+    assert smallest.num_attention_heads == 3
+    assert space.indices(space.largest()) == (4, [2] * 30, [len(space.ffn) - 1] * 30, 2)
+
+
+def test_query_head_axis_can_be_switched_off() -> None:
+    space = SearchSpace.from_base(Architecture.from_llama_config(SMOLLM2), SpaceSpec(query_heads=False))
+    assert space.heads == (9,) and space.smallest().num_attention_heads == 9
 
 
 def test_space_without_noops() -> None:

@@ -42,12 +42,13 @@ def test_contract_non_negative_and_monotone(cm: CostModel) -> None:
     space, rng = cm.space, random.Random(0)
     for _ in range(10):
         h, att, ffn = random_indices(space, rng)
-        costs = cm.predict(space.architecture(h, att, ffn))
+        q = rng.randrange(len(space.heads))
+        costs = cm.predict(space.architecture(h, att, ffn, q))
         assert set(costs) == set(PREDICTED_KEYS) and all(v >= 0 for v in costs.values())
         layer = rng.randrange(space.num_layers)
-        grown = [(min(h + 1, len(space.hidden) - 1), att, ffn)]
-        grown.append((h, [*att[:layer], min(att[layer] + 1, len(space.attention) - 1), *att[layer + 1 :]], ffn))
-        grown.append((h, att, [*ffn[:layer], min(ffn[layer] + 1, len(space.ffn) - 1), *ffn[layer + 1 :]]))
+        grown = [(min(h + 1, len(space.hidden) - 1), att, ffn, q), (h, att, ffn, min(q + 1, len(space.heads) - 1))]
+        grown.append((h, [*att[:layer], min(att[layer] + 1, len(space.attention) - 1), *att[layer + 1 :]], ffn, q))
+        grown.append((h, att, [*ffn[:layer], min(ffn[layer] + 1, len(space.ffn) - 1), *ffn[layer + 1 :]], q))
         for g in grown:
             bigger = cm.predict(space.architecture(*g))
             for key in ("ttft_ms", "tpot_ms", "memory_gib"):
@@ -62,26 +63,36 @@ def test_contract_differentiable(cm: CostModel) -> None:
         torch.zeros(len(space.hidden), requires_grad=True),
         torch.zeros(space.num_layers, len(space.attention), requires_grad=True),
         torch.zeros(space.num_layers, len(space.ffn), requires_grad=True),
+        torch.zeros(len(space.heads), requires_grad=True),
     ]
+    assert len(space.heads) > 1
     out = cm.expected(ArchDistribution(*(torch.softmax(t, -1) for t in logits)))
     for key in COST_KEYS:
         grads = torch.autograd.grad(out[key], logits, retain_graph=True)
         assert all(torch.isfinite(g).all() for g in grads)
         assert any(g.abs().sum() > 0 for g in grads), key
+    assert torch.autograd.grad(out["ttft_ms"], logits[3])[0].abs().sum() > 0  # the query-head choice moves prefill time
 
 
 @pytest.mark.parametrize("cm", cost_models(), ids=lambda cm: cm.wl.name)
 def test_expectation_is_exact_for_one_decision(cm: CostModel) -> None:
     """With one layer's FFN uncertain, expected TPOT/TTFT/memory are the probability-weighted costs."""
     space = cm.space
-    h, att, ffn = space.indices(space.largest())
+    h, att, ffn, q = space.indices(space.largest())
     probs = torch.softmax(torch.arange(len(space.ffn), dtype=torch.float64), 0)
     dist = ArchDistribution.one_hot(space, space.largest())
     dist.ffn[7] = probs
     expected = cm.expected(dist)
     for key in ("tpot_ms", "ttft_ms", "memory_gib"):
-        values = [cm.predict(space.architecture(h, att, [*ffn[:7], o, *ffn[8:]]))[key] for o in range(len(space.ffn))]
+        values = [cm.predict(space.architecture(h, att, [*ffn[:7], o, *ffn[8:]], q))[key] for o in range(len(space.ffn))]
         assert float(expected[key]) == pytest.approx(float(probs @ torch.tensor(values, dtype=torch.float64)), rel=1e-9)
+    head_probs = torch.softmax(torch.arange(len(space.heads), dtype=torch.float64), 0)  # the global query-head choice
+    dist = ArchDistribution.one_hot(space, space.largest())
+    dist.heads = head_probs
+    expected = cm.expected(dist)
+    for key in ("tpot_ms", "ttft_ms", "memory_gib"):
+        values = [cm.predict(space.architecture(h, att, ffn, o))[key] for o in range(len(space.heads))]
+        assert float(expected[key]) == pytest.approx(float(head_probs @ torch.tensor(values, dtype=torch.float64)), rel=1e-9)
 
 
 def test_roofline_by_hand() -> None:

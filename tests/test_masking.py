@@ -56,8 +56,17 @@ def masked_logits(model: Any, space: SearchSpace, ranking: Any, arch: Architectu
 
 def test_kv_merge_matrix_averages_groups() -> None:
     m = kv_merge_matrix(4, 2)
-    assert torch.allclose(m, torch.tensor([[0.5, 0.5, 0, 0], [0.5, 0.5, 0, 0], [0, 0, 0.5, 0.5], [0, 0, 0.5, 0.5]]))
-    assert torch.equal(kv_merge_matrix(4, 4), torch.eye(4))
+    want = torch.tensor([[0.5, 0.5, 0, 0], [0.5, 0.5, 0, 0], [0, 0, 0.5, 0.5], [0, 0, 0.5, 0.5]], dtype=torch.float64)
+    assert torch.equal(m, want)
+    assert torch.equal(kv_merge_matrix(4, 4), torch.eye(4, dtype=torch.float64))
+
+
+def test_kv_merge_matrix_is_exact_in_float64_for_three_heads_into_one() -> None:
+    """3 -> 1 (SmolLM2's KV heads merged into one): every weight is float64(1/3), not fp32(1/3)."""
+    m = kv_merge_matrix(3, 1)
+    assert m.dtype == torch.float64
+    assert torch.equal(m, torch.full((3, 3), 1 / 3, dtype=torch.float64))
+    assert float(m[0, 0]) != float(torch.tensor(1 / 3, dtype=torch.float32))
 
 
 def test_full_architecture_equals_unhooked_model(tiny_model: Any, tiny_space: SearchSpace, tokens: torch.Tensor) -> None:
@@ -68,13 +77,13 @@ def test_full_architecture_equals_unhooked_model(tiny_model: Any, tiny_space: Se
     assert torch.allclose(masked_logits(tiny_model, tiny_space, ranking, tiny_space.largest(), tokens), ref, atol=1e-5)
 
 
-@pytest.mark.parametrize("h,kv,ffn", [(1, 1, 1), (2, 2, 2), (0, 1, 2)])
+@pytest.mark.parametrize("h,kv,ffn,q", [(1, 1, 1, 1), (2, 2, 2, 1), (0, 1, 2, 1), (2, 2, 2, 0), (1, 1, 2, 0)])
 def test_homogeneous_mask_equals_pruned_llama(
-    tiny_model: Any, tiny_space: SearchSpace, tokens: torch.Tensor, h: int, kv: int, ffn: int
+    tiny_model: Any, tiny_space: SearchSpace, tokens: torch.Tensor, h: int, kv: int, ffn: int, q: int
 ) -> None:
     ranking = rank_units(tiny_model, tokens, progress=False)
     n = tiny_space.num_layers
-    arch = tiny_space.architecture(h, [kv] * n, [ffn] * n)
+    arch = tiny_space.architecture(h, [kv] * n, [ffn] * n, q)
     pruned = to_llama(tiny_model, arch, ranking)
     assert sum(p.numel() for p in pruned.parameters()) == arch.num_params()
     with torch.no_grad():
@@ -87,6 +96,21 @@ def test_heterogeneous_mask_equals_reference_forward(tiny_model: Any, tiny_space
     arch = Architecture(**{**tiny_space.base.__dict__, "hidden_size": 48, "blocks": (Block(1, 64), Block(0, 96), Block(2, 0))})
     expected = reference_forward(tiny_model, arch, ranking, tokens)
     assert torch.allclose(masked_logits(tiny_model, tiny_space, ranking, arch, tokens), expected, atol=1e-5)
+    halved = Architecture(**{**arch.__dict__, "num_attention_heads": 2})  # one query head of each KV group's two
+    expected = reference_forward(tiny_model, halved, ranking, tokens)
+    assert not torch.allclose(masked_logits(tiny_model, tiny_space, ranking, arch, tokens), expected, atol=1e-3)
+    assert torch.allclose(masked_logits(tiny_model, tiny_space, ranking, halved, tokens), expected, atol=1e-5)
+
+
+def test_query_heads_are_ranked_within_their_kv_group(tiny_model: Any, tokens: torch.Tensor) -> None:
+    """Every layer's order is a permutation in which positions g*r .. g*r+r-1 hold group g's heads, best first."""
+    ranking = rank_units(tiny_model, tokens, progress=False)
+    assert ranking.heads is not None and ranking.heads.shape == (3, 4)
+    for layer in range(3):
+        order = ranking.heads[layer].view(2, 2)
+        assert torch.equal(torch.sort(order, dim=1).values, torch.tensor([[0, 1], [2, 3]]))
+        kept = ranking.kept_heads(layer, 4, 2, 2)
+        assert torch.equal(kept, torch.sort(order[:, 0]).values)
 
 
 def test_soft_masks_carry_gradients(tiny_model: Any, tiny_space: SearchSpace, tokens: torch.Tensor) -> None:
@@ -96,6 +120,7 @@ def test_soft_masks_carry_gradients(tiny_model: Any, tiny_space: SearchSpace, to
         torch.zeros(len(tiny_space.hidden), requires_grad=True),
         torch.zeros(3, len(tiny_space.attention), requires_grad=True),
         torch.zeros(3, len(tiny_space.ffn), requires_grad=True),
+        torch.zeros(len(tiny_space.heads), requires_grad=True),
     ]
     masked.set(*(torch.softmax(t, -1) for t in logits))
     tiny_model(tokens).logits.pow(2).mean().backward()
@@ -110,3 +135,4 @@ def test_ranking_round_trips(tiny_model: Any, tokens: torch.Tensor, tmp_path: An
     ranking.save(tmp_path / "ranking.safetensors")
     again = Ranking.load(tmp_path / "ranking.safetensors")
     assert torch.equal(again.hidden, ranking.hidden) and torch.equal(again.ffn, ranking.ffn)
+    assert ranking.heads is not None and again.heads is not None and torch.equal(again.heads, ranking.heads)

@@ -75,15 +75,22 @@ def test_repair_reaches_feasibility_and_follows_measured_quality() -> None:
         Workload(name="w", prompt_len=1024, output_len=256, concurrency=256, context_len=4096),
     )
     bound = (Constraint("ttft_ms", 0.8 * cm.predict(space.largest())["ttft_ms"]),)
-    flat = (torch.zeros(len(space.hidden)), torch.zeros(30, len(space.attention)), torch.zeros(30, len(space.ffn)))
+    flat = (torch.zeros(len(space.hidden)), torch.zeros(30, len(space.attention)), torch.zeros(30, len(space.ffn)), torch.zeros(3))
     fixed, steps = repair(space.largest(), space, cm, bound, flat)
     assert steps > 0 and bound[0].satisfied(cm.predict(fixed)["ttft_ms"])
 
-    def quality(a: Architecture) -> float:  # pruning the hidden size is ruinous, FFN width cheap
-        return 100.0 * (a.hidden_size < 576) + sum(1536 - b.ffn for b in a.blocks) / 1e4
+    def quality(a: Architecture) -> float:  # pruning the hidden size or query heads is ruinous, FFN width cheap
+        return 100.0 * (a.hidden_size < 576) + 100.0 * (a.num_attention_heads < 9) + sum(1536 - b.ffn for b in a.blocks) / 1e4
 
-    kept, _ = repair(space.largest(), space, cm, bound, flat, quality=quality, candidates=len(space.ffn) * 30 + 1)
-    assert kept.hidden_size == 576 and bound[0].satisfied(cm.predict(kept)["ttft_ms"])
+    kept, _ = repair(space.largest(), space, cm, bound, flat, quality=quality, candidates=len(space.ffn) * 30 + 2)
+    assert kept.hidden_size == 576 and kept.num_attention_heads == 9 and bound[0].satisfied(cm.predict(kept)["ttft_ms"])
+
+    def heads_cheap(a: Architecture) -> float:  # now the query heads are what costs least quality
+        kv = sum(3 - b.kv_heads for b in a.blocks)
+        return 100.0 * (a.hidden_size < 576) + kv + sum(1536 - b.ffn for b in a.blocks) / 1e2 + (9 - a.num_attention_heads) / 1e4
+
+    by_heads, _ = repair(space.largest(), space, cm, bound, flat, quality=heads_cheap, candidates=len(space.ffn) * 30 + 2)
+    assert by_heads.num_attention_heads < 9 and bound[0].satisfied(cm.predict(by_heads)["ttft_ms"])
 
 
 def test_search_respects_the_attention_floor(prepared) -> None:  # type: ignore[no-untyped-def]

@@ -5,7 +5,8 @@ engine overhead and a per-kept-block overhead. A wave of B requests (B = the wor
 or fewer when the KV cache cannot hold them) is prefilled together (TTFT), then decoded together at
 the mean context P + O/2 (TPOT). Throughput = B * O / (TTFT + O * TPOT).
 
-Because every layer offers the same options, per-layer costs are tables over (hidden size, option);
+Because every layer offers the same options, per-layer costs are tables over (hidden size, option),
+and for attention over (hidden size, query heads, KV option);
 the expectation over a distribution is exact for additive terms (time, bytes) and evaluates the
 non-linear ones (batch that fits, throughput) at expected memory: a plug-in estimate the final
 architecture never relies on, since it is judged by `predict` on one architecture.
@@ -33,6 +34,7 @@ class AnalyticCostModel(CostModel):
         dt = torch.float64
         self._h = torch.tensor(space.hidden, dtype=dt)[:, None]  # [H, 1]
         self._kv = torch.tensor(space.attention, dtype=dt)[None, :]  # [1, A]
+        self._q = torch.tensor(space.heads, dtype=dt)[None, :, None] * space.base.head_dim  # [1, Q, 1] query width
         self._i = torch.tensor(space.ffn, dtype=dt)[None, :]  # [1, F]
         self._flops = hardware.eta_compute * hardware.peak_tflops * 1e12  # FLOP/s, decode
         self._prefill_flops = (hardware.prefill_eta_compute or hardware.eta_compute) * hardware.peak_tflops * 1e12
@@ -54,16 +56,21 @@ class AnalyticCostModel(CostModel):
         rate = (self._prefill_flops if prefill else self._flops) * rows / (rows + self.hw.gemm_half_rows)
         return torch.maximum(flops / rate, nbytes / self._bw)
 
+    def _attn_shapes(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Broadcastable (hidden [H, 1, 1], query width q = heads * hd [1, Q, 1], KV heads [1, 1, A])."""
+        return self._h[:, :, None], self._q, self._kv[:, None, :]
+
     def _params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Weight counts per hidden option: head [H], attention [H, A], FFN [H, F].
+        """Weight counts per hidden option: head [H], attention [H, Q, A], FFN [H, F].
 
         head = V*h (x2 untied) + h; attention = h + 2*h*q + 2*h*kv*hd (0 if no-op); FFN = h + 3*h*i.
         """
         b = self.space.base
-        q, hd, v = b.num_attention_heads * b.head_dim, b.head_dim, b.vocab_size
+        hd, v = b.head_dim, b.vocab_size
         h = self._h
         head = h[:, 0] * (v * (1 if b.tie_word_embeddings else 2) + 1)
-        attn = (h + 2 * h * q + 2 * h * self._kv * hd) * (self._kv > 0)
+        h3, q, kv = self._attn_shapes()
+        attn = (h3 + 2 * h3 * q + 2 * h3 * kv * hd) * (kv > 0)
         ffn = (h + 3 * h * self._i) * (self._i > 0)
         return head, attn, ffn
 
@@ -72,16 +79,17 @@ class AnalyticCostModel(CostModel):
         return 2 * self._kv[0] * self.space.base.head_dim * self.wl.kv_bytes
 
     def _decode_tables(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Seconds of one decode step of `batch` sequences at context C = P + O/2: head [H], attn [H, A], FFN [H, F].
+        """Seconds of one decode step of `batch` sequences at context C = P + O/2: head [H], attn [H, Q, A], FFN [H, F].
 
         projections: 2*B*W FLOPs, W*bytes moved; attention core: 4*B*q*C FLOPs, B*C*2*kv*hd*kv_bytes;
         FFN: 2*B*3*h*i FLOPs, 3*h*i*bytes; LM head: 2*B*h*V FLOPs, h*V*bytes.
         """
         b, wl, hw = self.space.base, self.wl, self.hw
-        q, hd, wb = b.num_attention_heads * b.head_dim, b.head_dim, wl.weight_bytes
+        hd, wb = b.head_dim, wl.weight_bytes
         ctx = wl.prompt_len + wl.output_len / 2
-        h, kv, i = self._h, self._kv, self._i
-        w_proj = 2 * h * q + 2 * h * kv * hd
+        h, i = self._h, self._i
+        h3, q, kv = self._attn_shapes()
+        w_proj = 2 * h3 * q + 2 * h3 * kv * hd
         attn = self._time(2 * batch * w_proj, wb * w_proj, batch)
         attn = attn + self._time(4 * batch * q * ctx * (kv > 0), batch * ctx * 2 * kv * hd * wl.kv_bytes, batch)
         attn = (attn + hw.block_overhead_us * 1e-6) * (kv > 0)
@@ -98,11 +106,12 @@ class AnalyticCostModel(CostModel):
         FFN: 2*T*3*h*i FLOPs; LM head on the last token of each prompt only: 2*B*h*V FLOPs.
         """
         b, wl, hw = self.space.base, self.wl, self.hw
-        q, hd, wb, p = b.num_attention_heads * b.head_dim, b.head_dim, wl.weight_bytes, wl.prompt_len
+        hd, wb, p = b.head_dim, wl.weight_bytes, wl.prompt_len
         tokens = batch * p
         chunks = math.ceil(float(tokens.detach()) / hw.max_num_batched_tokens)
-        h, kv, i = self._h, self._kv, self._i
-        w_proj = 2 * h * q + 2 * h * kv * hd
+        h, i = self._h, self._i
+        h3, q, kv = self._attn_shapes()
+        w_proj = 2 * h3 * q + 2 * h3 * kv * hd
         kv_bytes = tokens * 2 * kv * hd * wl.kv_bytes
         rows = tokens / chunks  # tokens per chunk
         attn = self._time(2 * tokens * w_proj, chunks * wb * w_proj + kv_bytes, rows, prefill=True)
@@ -114,18 +123,18 @@ class AnalyticCostModel(CostModel):
         head = self._time(2 * batch * hv, wb * hv, batch, prefill=True) + chunks * self._prefill_overhead_ms * 1e-3
         return head, attn, ffn
 
-    @staticmethod
-    def _expect(dist: ArchDistribution, tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """E[head[h] + sum_l attn[h, a_l] + ffn[h, f_l]]: exact for independent per-layer choices."""
+    def _expect(self, dist: ArchDistribution, tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """E[head[h] + sum_l attn[h, q, a_l] + ffn[h, f_l]]: exact for independent choices."""
         head, attn, ffn = tables
-        per_h = head + attn @ dist.attention.sum(0) + ffn @ dist.ffn.sum(0)  # [H]
+        attn_h = (attn @ dist.attention.sum(0)) @ dist.query_heads(self.space)  # [H, Q] -> [H]
+        per_h = head + attn_h + ffn @ dist.ffn.sum(0)  # [H]
         return dist.hidden @ per_h
 
     # ------------------------------------------------------------------ the interface
 
     def expected(self, dist: ArchDistribution) -> dict[str, torch.Tensor]:
         wl, hw = self.wl, self.hw
-        dist = ArchDistribution(*(t.to(torch.float64) for t in (dist.hidden, dist.attention, dist.ffn)))
+        dist = dist.to(torch.float64)
         weights = self._expect(dist, self._params()) * wl.weight_bytes  # bytes
         kv_tok = dist.attention.sum(0) @ self._kv_per_token()  # bytes per token, all layers
         h_mean = dist.hidden @ self._h[:, 0]

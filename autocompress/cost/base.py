@@ -17,21 +17,35 @@ PREDICTED_KEYS = (*COST_KEYS, "kv_capacity_tokens")  # what a cost model predict
 class ArchDistribution:
     """Independent categorical distributions over the space's options.
 
-    hidden: [H] probabilities of each global hidden size; attention: [L, A]; ffn: [L, F].
+    hidden: [H] probabilities of each global hidden size; attention: [L, A]; ffn: [L, F];
+    heads: [Q] probabilities of each global query-head count (None = the base model's count).
     """
 
     hidden: torch.Tensor  # [H]
     attention: torch.Tensor  # [L, A]
     ffn: torch.Tensor  # [L, F]
+    heads: torch.Tensor | None = None  # [Q]
+
+    def query_heads(self, space: SearchSpace) -> torch.Tensor:
+        """[Q] probabilities of the query-head options; one-hot on the base count when `heads` is None."""
+        if self.heads is not None:
+            return self.heads
+        out = torch.zeros(len(space.heads), dtype=self.hidden.dtype)
+        out[-1] = 1.0
+        return out
+
+    def to(self, dtype: torch.dtype) -> ArchDistribution:
+        return ArchDistribution(*(None if t is None else t.to(dtype) for t in (self.hidden, self.attention, self.ffn, self.heads)))
 
     @staticmethod
     def one_hot(space: SearchSpace, arch: Architecture) -> ArchDistribution:
-        h, att, ffn = space.indices(arch)
-        dt = torch.float64
+        h, att, ffn, q = space.indices(arch)
+        dt, one_hot = torch.float64, torch.nn.functional.one_hot
         return ArchDistribution(
-            hidden=torch.nn.functional.one_hot(torch.tensor(h), len(space.hidden)).to(dt),
-            attention=torch.nn.functional.one_hot(torch.tensor(att), len(space.attention)).to(dt),
-            ffn=torch.nn.functional.one_hot(torch.tensor(ffn), len(space.ffn)).to(dt),
+            hidden=one_hot(torch.tensor(h), len(space.hidden)).to(dt),
+            attention=one_hot(torch.tensor(att), len(space.attention)).to(dt),
+            ffn=one_hot(torch.tensor(ffn), len(space.ffn)).to(dt),
+            heads=one_hot(torch.tensor(q), len(space.heads)).to(dt),
         )
 
 
