@@ -142,8 +142,9 @@ class SearchSpace:
 
     hidden: global hidden sizes; heads: global query-head counts (multiples of the base KV-head
     count, so every KV group keeps the same number of query heads and every KV option divides
-    them); attention: KV-head counts (0 = no-op); ffn: intermediate sizes (0 = no-op). Every layer shares the attention and FFN option lists; `attention_floor[l]` is the
-    lowest attention option layer l may take: layer 0 keeps its attention, because vLLM (0.32)
+    them); attention: KV-head counts (0 = no-op); ffn: intermediate sizes (0 = no-op). Every layer
+    shares the attention and FFN option lists; `attention_floor[l]` is the lowest attention option
+    layer l may take: layer 0 keeps its attention, because vLLM (0.32)
     cannot serve a DeciLM whose first computing layer has a no-op attention.
     """
 

@@ -196,7 +196,8 @@ def run_search(
     if spec.threads:
         torch.set_num_threads(spec.threads)
     logits = []
-    shapes = ((None, len(space.hidden)), (space.num_layers, len(space.attention)), (space.num_layers, len(space.ffn)), (None, len(space.heads)))
+    n = space.num_layers
+    shapes = ((None, len(space.hidden)), (n, len(space.attention)), (n, len(space.ffn)), (None, len(space.heads)))
     for n_rows, n_opts in shapes:
         t = torch.zeros(n_opts) if n_rows is None else torch.zeros(n_rows, n_opts)
         t[..., -1] = spec.init_bias  # start at the base model
