@@ -1,13 +1,16 @@
 """`python -m autocompress.compare +scenario=NAME`: AutoCompress against the Minitron baseline at the same constraint.
 
 Both architectures go through the same pipeline: the export's weight slicing (and its verification),
-the same distillation budget from the same teacher on the same calibration text, and the same
-evaluation (benchmark items, subset and seed). AutoCompress's architecture is the sweep's best
-feasible trial by held-out KL (or `compare.trial`); the sweep runs first unless `compare.run` names
-a finished one. Minitron's is the best of its top-k homogeneous candidates that meet the same
-absolute constraints under the same cost model (autocompress.minitron). The table reports the
-constraint, predicted (and, where the engine runs here, measured) costs, parameters, each benchmark,
-the average, perplexities, and AutoCompress minus Minitron with a paired bootstrap 95% interval.
+the same distillation budget from the same teacher on the same calibration text (once per seed in
+`compare.seeds`), and the same evaluation (benchmark items, subset and seed). AutoCompress's
+architecture is the sweep's feasible trial with the lowest selection-split KL (or `compare.trial`);
+the sweep runs first unless `compare.run` names a finished one. Minitron's is the best by
+selection-split KL of its top-k homogeneous candidates that meet the same absolute constraints under
+the same cost model (autocompress.minitron, as ModelOpt's mcore_minitron). KL before distillation is
+reported on the report split. The table reports the constraint, predicted (and, where the engine
+runs here, measured) costs, parameters, each benchmark and the average (means over seeds),
+perplexities, and AutoCompress minus Minitron with a 95% interval from a bootstrap over items and
+distillation seeds.
 Every stage lands in the output folder and is reused when rerun with the same settings.
 """
 
@@ -52,11 +55,15 @@ class CompareSpec:
     trial: str | None = None  # the AutoCompress trial; None = the best feasible by held-out KL
     out: str | None = None  # None = <run>/compare
     measure: str = "auto"  # measured costs: auto (when this machine is the scenario's hardware) | always | never
-    bootstrap: int = 2000  # paired bootstrap resamples of the benchmark items
+    bootstrap: int = 2000  # paired bootstrap resamples of the benchmark items (and seeds)
     seed: int = 0
+    seeds: tuple[int, ...] = (0, 1)  # distillation seeds per model: the interval covers seed variation
     minitron: MinitronSpec = field(default_factory=MinitronSpec)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"compare.seeds must be a non-empty list of distinct seeds, got {list(self.seeds)!r}")
         if self.measure not in ("auto", "always", "never"):
             raise ConfigError(f"compare.measure={self.measure!r} is unknown; use auto, always or never")
         if self.bootstrap < 100:
@@ -83,25 +90,40 @@ def job_from_dict(cfg: dict[str, Any]) -> CompareJob:
 # --------------------------------------------------------------------------- statistics
 
 
-def paired_bootstrap(a: pd.DataFrame, b: pd.DataFrame, n: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Per benchmark and for the average over benchmarks: mean(a - b) of the headline metric (`correct`), in points,
-    with a 95% percentile interval from resampling items within each benchmark (the same items for a and b)."""
+def _correct(runs: list[pd.DataFrame], task: str, index: pd.Index) -> np.ndarray:
+    """[seeds, items] headline correctness of `task`'s items in `index` order, one row per seed's evaluation."""
+    return np.stack([r[r["task"] == task].set_index("index").loc[index, "correct"].to_numpy(dtype=float) for r in runs])
+
+
+def paired_bootstrap(
+    a: pd.DataFrame | list[pd.DataFrame], b: pd.DataFrame | list[pd.DataFrame], n: int = 2000, seed: int = 0
+) -> pd.DataFrame:
+    """Per benchmark and for the average over benchmarks: mean(a - b) of the headline metric (`correct`), in points.
+
+    `a` and `b` are items tables, or one per distillation seed. The point estimate averages over
+    seeds; the 95% percentile interval resamples the items within each benchmark (the same items
+    for a and b) and, per resample, one seed of a and one of b (the same seeds for every benchmark),
+    so it covers seed variation as well as item sampling.
+    """
+    runs_a, runs_b = (x if isinstance(x, list) else [x] for x in (a, b))
     rng = np.random.default_rng(seed)
+    pick_a, pick_b = rng.integers(0, len(runs_a), size=n), rng.integers(0, len(runs_b), size=n)  # [n] seeds per resample
     rows, boots = [], []
-    for task in dict.fromkeys(a["task"]):
-        merged = a[a["task"] == task].merge(b[b["task"] == task], on=["task", "index"], suffixes=("_a", "_b"))
-        if merged.empty:
+    for task in dict.fromkeys(runs_a[0]["task"]):
+        index = pd.Index(sorted(set.intersection(*(set(r.loc[r["task"] == task, "index"]) for r in [*runs_a, *runs_b]))))
+        if index.empty:
             continue
-        x = (merged["correct_a"] - merged["correct_b"]).to_numpy(dtype=float) * 100
-        boot = x[rng.integers(0, len(x), size=(n, len(x)))].mean(axis=1)  # [n]
+        ca, cb = _correct(runs_a, task, index) * 100, _correct(runs_b, task, index) * 100  # [Sa, m], [Sb, m]
+        items = rng.integers(0, len(index), size=(n, len(index)))  # [n, m]
+        boot = (ca[pick_a[:, None], items] - cb[pick_b[:, None], items]).mean(axis=1)  # [n]
         boots.append(boot)
         rows.append(
             {
                 "task": task,
-                "diff": float(x.mean()),
+                "diff": float(ca.mean() - cb.mean()),
                 "lo": float(np.percentile(boot, 2.5)),
                 "hi": float(np.percentile(boot, 97.5)),
-                "n": len(x),
+                "n": len(index),
             }
         )
     if boots:
@@ -150,7 +172,7 @@ class Stages:
 
 
 def pick_trial(trials: pd.DataFrame, trial: str | None, run_dir: Path) -> dict[str, Any]:
-    """The requested trial, or the feasible finished trial with the lowest held-out KL."""
+    """The requested trial, or the feasible finished trial with the lowest selection-split KL (`kl_select`; `kl` in older runs)."""
     ok = trials[(trials["status"] == "ok") & trials["feasible"]]
     if trial is not None:
         rows = trials[trials["trial_id"] == trial]
@@ -161,7 +183,7 @@ def pick_trial(trials: pd.DataFrame, trial: str | None, run_dir: Path) -> dict[s
         return dict(rows.iloc[0])
     if ok.empty:
         raise ConfigError(f"{run_dir} has no feasible trial; run more searches (sweep.num_trials) or loosen the constraints")
-    return dict(ok.loc[ok["kl"].idxmin()])
+    return dict(ok.loc[ok["kl_select" if "kl_select" in ok else "kl"].idxmin()])
 
 
 def _hash(data: Any) -> str:
@@ -178,11 +200,15 @@ class Model:
     name: str
     arch: Any  # Architecture
     costs: dict[str, float]
-    kl: float  # held-out KL before distillation
+    kl: float  # report-split KL before distillation
     label: str = ""  # trial id / candidate
-    distill: dict[str, Any] = field(default_factory=dict)
-    result: EvalResult | None = None
+    distill: list[dict[str, Any]] = field(default_factory=list)  # distill.json per seed
+    results: list[EvalResult] = field(default_factory=list)  # evaluation per seed (one for the unpruned model)
     measured: dict[str, float] = field(default_factory=dict)
+
+    def score(self, task: str, metric: str | None = None) -> float:
+        """Mean over seeds."""
+        return float(np.mean([r.score(task, metric) for r in self.results]))
 
 
 @dataclass
@@ -216,23 +242,43 @@ def minitron_stage(job: CompareJob, ctx: Context, out: Path) -> None:
     """Minitron's search and its checkpoint (candidates.parquet beside it)."""
     from autocompress import minitron
     from autocompress.importance import teacher_hidden
+    from autocompress.masking import MaskedModel
+    from autocompress.search import evaluate
 
-    model, space, spec = ctx.model, ctx.space, ctx.spec
-    n = job.compare.minitron.score_sequences
-    heldout = ctx.data.heldout[:n]
-    teacher = teacher_hidden(model, heldout, desc="teacher (score)")
-    res = minitron.search(model, space, ctx.cost_model, ctx.constraints, ctx.data.calib, heldout, teacher, job.compare.minitron)
+    model, space, spec, mspec = ctx.model, ctx.space, ctx.spec, job.compare.minitron
+    select = ctx.data.select[: mspec.score_sequences]
+    teacher = teacher_hidden(model, select, desc="teacher (selection)")
+    res = minitron.search(model, space, ctx.cost_model, ctx.constraints, ctx.data.calib, select, teacher, mspec)
     best = res.best
+    masked = MaskedModel(model, space, res.ranking)
+    report = ctx.data.report
+    kl_report, ppl_report = evaluate(model, masked, best.arch, report, teacher_hidden(model, report, desc="teacher (report)"))
+    masked.remove()
+    limits = ", ".join(f"{k} {v}" for k, v in res.limits.items())
     card = (
-        f"# {spec.model.name}, pruned by the Minitron baseline for `{spec.scenario.name}`\n\n"
-        f"Homogeneous: hidden {best.hidden}, {best.kv_heads} KV heads, FFN {best.ffn}, dropped blocks {list(best.dropped) or 'none'}; "
-        f"{best.params:,} parameters; best KL of the top {job.compare.minitron.top_k} of {res.feasible} feasible homogeneous candidates "
-        f"(cost model `{ctx.cost_model.id}`)."
+        f"# {spec.model.name}, pruned by the {mspec.label} baseline for `{spec.scenario.name}`\n\n"
+        f"Homogeneous: hidden {best.hidden}, {best.heads} query heads, {best.kv_heads} KV heads, FFN {best.ffn}, "
+        f"dropped blocks {list(best.dropped) or 'none'}; {best.params:,} parameters; best selection-split KL of the top "
+        f"{mspec.top_k} of {res.feasible} feasible homogeneous candidates (limits: {limits}; cost model `{ctx.cost_model.id}`)."
     )
     out.mkdir(parents=True, exist_ok=True)
-    minitron.write_checkpoint(model, ctx.tokenizer, space, res.ranking, best.arch, out / "pruned", ctx.data.heldout[:4], card)
+    minitron.write_checkpoint(model, ctx.tokenizer, space, res.ranking, best.arch, out / "pruned", report[:4], card)
     write_parquet(res.scored, out / "candidates.parquet")
-    (out / "minitron.json").write_text(json.dumps({"architecture": best.arch.to_json(), "feasible_candidates": res.feasible}, indent=2))
+    summary = {
+        "label": mspec.label,
+        "architecture": best.arch.to_json(),
+        "feasible_candidates": res.feasible,
+        "limits": res.limits,
+        "hidden_size": best.hidden,
+        "num_attention_heads": best.heads,
+        "num_key_value_heads": best.kv_heads,
+        "ffn": best.ffn,
+        "dropped_blocks": list(best.dropped),
+        "kl_select": float(res.scored.loc[res.scored["chosen"], "kl"].iloc[0]),
+        "kl_report": kl_report,
+        "perplexity_report": ppl_report,
+    }
+    write_json(summary, out / "minitron.json")
 
 
 def build_context(job: CompareJob, run_dir: Path) -> Context:
@@ -318,13 +364,12 @@ def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Mo
         "constraints": [dataclasses.asdict(c) for c in ctx.constraints],
     }
     stages.run("minitron/pruned", mkey, out / "minitron" / "pruned", partial(minitron_stage, job, ctx, out / "minitron"))
-    scored = pd.read_parquet(out / "minitron" / "candidates.parquet")
-    chosen = scored[scored["chosen"]].iloc[0]
-    ac_arch, mt_arch = Architecture.from_json(row["architecture"]), Architecture.from_json(str(chosen["architecture"]))
-    mt_label = f"homogeneous, {int(chosen['layers_kept'])} layers"
+    mt = json.loads((out / "minitron" / "minitron.json").read_text())
+    ac_arch, mt_arch = Architecture.from_json(row["architecture"]), Architecture.from_json(mt["architecture"])
+    mt_label = f"{mt['label']}: {mt_arch.num_layers - len(mt['dropped_blocks'])} layers, {mt['num_attention_heads']} query heads"
     return [
         Model("autocompress", ac_arch, cost_model.predict(ac_arch), float(row["kl"]), label=str(row["trial_id"])),
-        Model("minitron", mt_arch, cost_model.predict(mt_arch), float(chosen["kl"]), label=mt_label),
+        Model("minitron", mt_arch, cost_model.predict(mt_arch), float(mt["kl_report"]), label=mt_label),
     ]
 
 
@@ -335,23 +380,24 @@ def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stag
 
     spec = ctx.spec
     dkey = {"distill": dataclasses.asdict(job.distill), "data": dataclasses.asdict(spec.data), "teacher": dataclasses.asdict(spec.model)}
-    for m in models:
-        target = out / m.name / "distilled"
-        forbid = (DEFAULT_DATA_DIR, *([Path(job.evaluate.data_dir)] if job.evaluate.data_dir else []))
-        student = out / m.name / "pruned"
-        run = partial(distill, student, target, ctx.model, ctx.tokenizer, spec.data, job.distill, overwrite=True, evaluation_dirs=forbid)
-        stages.run(f"{m.name}/distilled", {**dkey, "student": m.arch.to_json()}, target, run)
-        m.distill = json.loads((target / "distill.json").read_text())
+    forbid = (DEFAULT_DATA_DIR, *([Path(job.evaluate.data_dir)] if job.evaluate.data_dir else []))
     ekey = {"evaluate": dataclasses.asdict(job.evaluate), "model": dataclasses.asdict(spec.model)}
+    for seed in job.compare.seeds:
+        dspec = dataclasses.replace(job.distill, seed=seed)
+        dkey = {"distill": dataclasses.asdict(dspec), "data": dataclasses.asdict(spec.data), "teacher": dataclasses.asdict(spec.model)}
+        for m in models:
+            target, student = out / m.name / f"distilled-seed{seed}", out / m.name / "pruned"
+            run = partial(distill, student, target, ctx.model, ctx.tokenizer, spec.data, dspec, overwrite=True, evaluation_dirs=forbid)
+            stages.run(f"{m.name}/distilled-seed{seed}", {**dkey, "student": m.arch.to_json()}, target, run)
+            m.distill.append(json.loads((target / "distill.json").read_text()))
+            evaluated = out / m.name / f"eval-seed{seed}"
+            key = {**ekey, **dkey, "student": m.arch.to_json()}
+            stages.run(f"{m.name}/eval-seed{seed}", key, evaluated, partial(evaluate_stage, job, ctx, target, evaluated))
+            m.results.append(read_result(evaluated))
     base_eval = Path(spec.results_dir).resolve() / "evaluate" / f"base-{spec.model.name}-{_hash(ekey)}"
     stages.run("base/eval", ekey, base_eval, partial(evaluate_stage, job, ctx, "base", base_eval), shared=True)
-    for m in models:
-        target = out / m.name / "eval"
-        key = {**ekey, **dkey, "student": m.arch.to_json()}
-        stages.run(f"{m.name}/eval", key, target, partial(evaluate_stage, job, ctx, out / m.name / "distilled", target))
-        m.result = read_result(target)
     base_arch = ctx.space.base
-    return Model("base", base_arch, ctx.cost_model.predict(base_arch), 0.0, label="unpruned", result=read_result(base_eval))
+    return Model("base", base_arch, ctx.cost_model.predict(base_arch), 0.0, label="unpruned", results=[read_result(base_eval)])
 
 
 def run_compare(job: CompareJob, config_yaml: str = "") -> Path:
@@ -381,12 +427,13 @@ def model_row(m: Model, constraints: tuple[Constraint, ...]) -> dict[str, Any]:
     row |= {f"measured_{k}": v for k, v in m.measured.items()}
     row["feasible"] = all(c.satisfied(m.costs[c.metric]) for c in constraints)
     row["kl_pruned"] = m.kl
-    row["kl_distilled"] = m.distill.get("kl_after", 0.0 if m.name == "base" else float("nan"))
-    assert m.result is not None
-    for task in m.result.scores.loc[m.result.scores["headline"], "task"]:
-        row[task] = 100 * m.result.score(task)
-    row["lambada_ppl"] = m.result.score("lambada_openai", "perplexity")
-    row["corpus_ppl"] = m.result.score("corpus", "perplexity")
+    row["kl_distilled"] = float(np.mean([d["kl_after"] for d in m.distill])) if m.distill else (0.0 if m.name == "base" else float("nan"))
+    row["seeds"] = len(m.results)
+    first = m.results[0].scores
+    for task in first.loc[first["headline"], "task"]:
+        row[task] = 100 * m.score(task)
+    row["lambada_ppl"] = m.score("lambada_openai", "perplexity")
+    row["corpus_ppl"] = m.score("corpus", "perplexity")
     return row
 
 
@@ -431,8 +478,9 @@ def markdown(frame: pd.DataFrame, diff: pd.DataFrame, constraints: tuple[Constra
     lines += [
         "",
         f"Benchmarks: headline metric in points (acc_norm; acc for WinoGrande and LAMBADA), {ev.limit or 'all'} items per benchmark "
-        f"(seed {ev.seed}); paired bootstrap over items, {job.compare.bootstrap} resamples. Distillation: {d.steps} steps x "
-        f"{d.batch_size} x {d.seq_len} tokens ({d.steps * d.batch_size * d.seq_len:,} tokens) of calibration text, lr {d.lr:g}.",
+        f"(seed {ev.seed}), means over distillation seeds {list(job.compare.seeds)}; paired bootstrap over items and seeds, "
+        f"{job.compare.bootstrap} resamples. Distillation per seed: {d.steps} steps x {d.batch_size} x {d.seq_len} tokens "
+        f"({d.steps * d.batch_size * d.seq_len:,} tokens) of calibration text, lr {d.lr:g}. KL pruned: report split, before distillation.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -440,15 +488,27 @@ def markdown(frame: pd.DataFrame, diff: pd.DataFrame, constraints: tuple[Constra
 def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model], note: str, timings: dict[str, Any]) -> None:
 
     frame = pd.DataFrame([model_row(m, ctx.constraints) for m in models])
-    ac, mt = models[1].result, models[2].result
-    assert ac is not None and mt is not None
-    diff = paired_bootstrap(ac.items, mt.items, job.compare.bootstrap, job.compare.seed)
+    ac, mt = models[1], models[2]
+    diff = paired_bootstrap([r.items for r in ac.results], [r.items for r in mt.results], job.compare.bootstrap, job.compare.seed)
     write_parquet(frame, out / "compare.parquet")
     write_parquet(diff, out / "diff.parquet")
     text = markdown(frame, diff, ctx.constraints, note, job)
     write_text(f"# AutoCompress vs Minitron: `{ctx.spec.scenario.name}`\n\n" + text, out / "compare.md")
+    minitron = json.loads((out / "minitron" / "minitron.json").read_text())
+    average = diff.set_index("task").loc["average"]
     write_json(
         {
+            "scenario": ctx.spec.scenario.name,
+            "autocompress": {"trial": ctx.row["trial_id"], "params": ac.arch.num_params(), "average": 100 * ac.score("average")},
+            "minitron": {
+                "params": mt.arch.num_params(),
+                "average": 100 * mt.score("average"),
+                **{k: minitron[k] for k in ("label", "hidden_size", "num_attention_heads", "num_key_value_heads", "ffn")},
+                "dropped_blocks": minitron["dropped_blocks"],
+                "limits": minitron["limits"],
+            },
+            "diff": {"mean": float(average["diff"]), "low": float(average["lo"]), "high": float(average["hi"])},
+            "seeds": list(job.compare.seeds),
             "run": str(ctx.run.path),
             "trial": ctx.row["trial_id"],
             "seconds": timings,

@@ -1,23 +1,32 @@
-"""The Minitron baseline, as NVIDIA Model Optimizer's `mcore_minitron` mode prunes: homogeneous shapes under the scenario's constraints.
+"""The Minitron baseline as NVIDIA Model Optimizer's `mcore_minitron` (nvidia-modelopt 0.47) prunes a Llama-family model.
 
 Importance on calibration text (ModelOpt's aggregation: per sequence the mean |activation| over
 tokens, then the L2 norm over sequences):
 - hidden channels: the outputs of every layer's two RMSNorms (the norms fused into QKV and FC1 in
   Megatron), each norm's L2 score summed over norms;
+- query heads: per channel of the attention output projection's input, then the L2 norm over each
+  head's channels; heads ranked within their KV group, whole heads removed (never averaged);
 - FFN neurons: the input of each layer's down projection, act(gate(x)) * up(x);
 - blocks (depth): sum over batches of 1 - mean cosine(block input, block output); the lowest are dropped.
-Query heads are not pruned in this project's space and KV heads are mean-pooled in groups (as the
-search does), so heads need no ranking. Candidates are every homogeneous shape on the search
-space's divisors (one hidden size, one KV-head count and FFN width for all kept layers, the d least
-important blocks dropped whole; layer 0 never, vLLM 0.32 cannot serve that) that meets every
-constraint under the same cost model; the `top_k` with the most parameters are scored by KL to the
-unpruned model on calibration text (ModelOpt's `score_func`) and the best one is kept.
+KV groups are not pruned (ModelOpt >= 0.41 ignores `num_query_groups`). Candidates form ModelOpt's
+grid: per axis the choices are the multiples of the axis's divisor up to the base size (query heads:
+multiples of the KV-group count; layers: 1..L), of which the top `max_width_pruning` share of the
+choices (depth: `max_depth_pruning`) is kept, `sorted(choices)[int((1 - p) * len):]`; widths are the
+same in every layer. Every candidate that meets all constraints under the same cost model is kept,
+the `top_k` with the most parameters are scored by KL to the unpruned model on the selection split
+(the role of ModelOpt's `score_func`), and the best is chosen. Where no candidate meets the
+constraints within ModelOpt's limits (0.4 width, 0.2 depth), the limits are widened one step at a
+time (depth, then width) and the limits used are recorded. Deviations from ModelOpt: divisors are
+the search space's (as for AutoCompress); layer 0 is never dropped (vLLM 0.32 cannot serve a
+DeciLM whose first layer has no attention); candidates must also lie in the search space.
+`prune_kv_groups=true` is an ablation, not Minitron: KV heads mean-pooled in groups, as the search does.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,28 +40,36 @@ from autocompress.arch import Architecture, Block, SearchSpace
 from autocompress.config import Constraint
 from autocompress.cost import CostModel
 from autocompress.errors import ConfigError, InfeasibleError
+from autocompress.importance import head_order, sequence_l2_part
 from autocompress.masking import MaskedModel, Ranking
 from autocompress.search import evaluate
+
+WIDEN_STEP = 0.1  # how far each widening step raises one limit
 
 
 @dataclass(frozen=True)
 class MinitronSpec:
     """ModelOpt's search settings (conf/compare/default.yaml, `compare.minitron`)."""
 
-    top_k: int = 10  # candidates (most parameters first) scored on calibration text
-    max_width_pruning: float | None = None  # widths >= (1 - this) x base; None = the search space's own bounds
-    max_depth_pruning: float = 0.5  # at most this share of the layers dropped (ModelOpt's default 0.2)
+    top_k: int = 10  # candidates (most parameters first) scored on the selection split
+    max_width_pruning: float = 0.4  # ModelOpt's default: keep the top 40 % of each width axis's choices
+    max_depth_pruning: float = 0.2  # ModelOpt's default: keep the top 20 % of the layer-count choices
+    widen: bool = True  # no candidate within the limits: raise them one step at a time (recorded)
+    prune_kv_groups: bool = False  # ablation, not Minitron: KV heads mean-pooled in groups as the search does
     importance_sequences: int = 16  # calibration sequences for the activation importance
-    score_sequences: int = 8  # held-out calibration sequences for the score (KL to the unpruned model)
+    score_sequences: int = 8  # selection-split sequences for the score (KL to the unpruned model)
 
     def __post_init__(self) -> None:
         for key in ("top_k", "importance_sequences", "score_sequences"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"compare.minitron.{key} must be > 0, got {getattr(self, key)!r}")
-        if self.max_width_pruning is not None and not 0 <= self.max_width_pruning < 1:
-            raise ConfigError(f"compare.minitron.max_width_pruning must be in [0, 1) or null, got {self.max_width_pruning!r}")
-        if not 0 <= self.max_depth_pruning < 1:
-            raise ConfigError(f"compare.minitron.max_depth_pruning must be in [0, 1), got {self.max_depth_pruning!r}")
+        for key in ("max_width_pruning", "max_depth_pruning"):
+            if not 0 <= getattr(self, key) < 1:
+                raise ConfigError(f"compare.minitron.{key} must be in [0, 1), got {getattr(self, key)!r}")
+
+    @property
+    def label(self) -> str:
+        return "homogeneous, mean-pooled KV (ablation)" if self.prune_kv_groups else "Minitron (ModelOpt mcore_minitron)"
 
 
 @dataclass
@@ -60,11 +77,13 @@ class Importance:
     hidden: torch.Tensor  # [d]
     ffn: torch.Tensor  # [L, i]
     blocks: torch.Tensor  # [L], higher = more important
+    heads: torch.Tensor  # [L, nq] head ids, most important first within each KV group
 
     def ranking(self) -> Ranking:
         return Ranking(
             hidden=torch.argsort(self.hidden, descending=True, stable=True),
             ffn=torch.argsort(self.ffn, dim=1, descending=True, stable=True),
+            heads=self.heads,
         )
 
     def drop_order(self) -> list[int]:
@@ -74,25 +93,23 @@ class Importance:
 
 @torch.no_grad()
 def importance(model: Any, tokens: torch.Tensor, batch_size: int = 4, progress: bool = True) -> Importance:
-    """Minitron activation importance of hidden channels, FFN neurons and blocks on `tokens` [n, s]."""
+    """Minitron activation importance of hidden channels, query heads, FFN neurons and blocks on `tokens` [n, s]."""
     layers = model.model.layers
     n_layers, d, inter = len(layers), model.config.hidden_size, model.config.intermediate_size
     norm_sq = torch.zeros(2 * n_layers, d, dtype=torch.float64)  # per norm: sum over sequences of (mean_s |x|)^2
     ffn_sq = torch.zeros(n_layers, inter, dtype=torch.float64)
+    o_sq = torch.zeros(n_layers, layers[0].self_attn.o_proj.in_features, dtype=torch.float64)
     blocks = torch.zeros(n_layers, dtype=torch.float64)
-
-    def l2_part(x: torch.Tensor) -> torch.Tensor:  # [b, s, c] -> [c]: sum over b of (mean over s of |x|)^2
-        return x.float().abs().mean(dim=1).pow(2).sum(dim=0).double()
 
     def on_norm(slot: int) -> Any:
         def hook(module: Any, args: Any, out: torch.Tensor) -> None:  # returns None: the output stays as it is
-            norm_sq[slot].add_(l2_part(out))
+            norm_sq[slot].add_(sequence_l2_part(out))
 
         return hook
 
-    def on_ffn(idx: int) -> Any:
+    def on_input(acc: torch.Tensor, idx: int) -> Any:
         def hook(module: Any, args: Any) -> None:
-            ffn_sq[idx].add_(l2_part(args[0]))
+            acc[idx].add_(sequence_l2_part(args[0]))
 
         return hook
 
@@ -108,7 +125,8 @@ def importance(model: Any, tokens: torch.Tensor, batch_size: int = 4, progress: 
     for idx, layer in enumerate(layers):
         handles.append(layer.input_layernorm.register_forward_hook(on_norm(2 * idx)))
         handles.append(layer.post_attention_layernorm.register_forward_hook(on_norm(2 * idx + 1)))
-        handles.append(layer.mlp.down_proj.register_forward_pre_hook(on_ffn(idx)))
+        handles.append(layer.mlp.down_proj.register_forward_pre_hook(on_input(ffn_sq, idx)))
+        handles.append(layer.self_attn.o_proj.register_forward_pre_hook(on_input(o_sq, idx)))
         handles.append(layer.register_forward_hook(on_block(idx), with_kwargs=True))
     try:
         for start in tqdm(range(0, len(tokens), batch_size), desc="minitron importance", disable=not progress):
@@ -116,7 +134,8 @@ def importance(model: Any, tokens: torch.Tensor, batch_size: int = 4, progress: 
     finally:
         for handle in handles:
             handle.remove()
-    return Importance(hidden=norm_sq.sqrt().sum(0), ffn=ffn_sq.sqrt(), blocks=blocks)
+    heads = head_order(o_sq, model.config.num_attention_heads, model.config.num_key_value_heads)
+    return Importance(hidden=norm_sq.sqrt().sum(0), ffn=ffn_sq.sqrt(), blocks=blocks, heads=heads)
 
 
 # --------------------------------------------------------------------------- candidates
@@ -124,10 +143,11 @@ def importance(model: Any, tokens: torch.Tensor, batch_size: int = 4, progress: 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A homogeneous architecture: every kept layer has `kv_heads` and `ffn`; `dropped` blocks are no-op entirely."""
+    """A homogeneous architecture: every kept layer has `heads` query heads, `kv_heads` and `ffn`; `dropped` blocks are no-op."""
 
     arch: Architecture
     hidden: int
+    heads: int
     kv_heads: int
     ffn: int
     dropped: tuple[int, ...]
@@ -135,38 +155,106 @@ class Candidate:
     costs: dict[str, float]
 
 
-def homogeneous(space: SearchSpace, hidden: int, kv_heads: int, ffn: int, dropped: tuple[int, ...]) -> Architecture:
+def homogeneous(
+    space: SearchSpace, hidden: int, kv_heads: int, ffn: int, dropped: tuple[int, ...], heads: int | None = None
+) -> Architecture:
     blocks = tuple(Block(0, 0) if i in dropped else Block(kv_heads, ffn) for i in range(space.num_layers))
-    return dataclasses.replace(space.base, hidden_size=hidden, blocks=blocks)
+    nq = space.base.num_attention_heads if heads is None else heads
+    return dataclasses.replace(space.base, hidden_size=hidden, num_attention_heads=nq, blocks=blocks)
 
 
-def _widths(options: tuple[int, ...], base: int, max_pruning: float | None) -> list[int]:
-    floor = 0.0 if max_pruning is None else (1 - max_pruning) * base
-    return [o for o in options if o > 0 and o >= floor - 1e-9]
+def modelopt_choices(full: int, divisor: int, max_pruning: float) -> list[int]:
+    """ModelOpt's choices of one axis: multiples of `divisor` up to `full` (and `full`), the top share kept.
+
+    `sorted(choices)[int((1 - max_pruning) * len(choices)):]`, as `_generate_search_space_combos` filters them
+    (the full size always stays: at max_pruning 0 that slice would be empty).
+    """
+    choices = sorted({*range(divisor, full + 1, divisor), full})
+    return choices[min(int((1 - max_pruning) * len(choices)), len(choices) - 1) :]
+
+
+def _divisor(options: tuple[int, ...]) -> int:
+    """The step of a search-space axis: the gcd of its non-zero options."""
+    return math.gcd(*(o for o in options if o > 0))
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The choices of every axis at one pair of limits."""
+
+    hidden: list[int]
+    heads: list[int]
+    kv: list[int]
+    ffn: list[int]
+    max_drop: int
+
+
+def grid(space: SearchSpace, spec: MinitronSpec, width: float, depth: float, n_droppable: int) -> Grid:
+    """ModelOpt's grid at the limits (`width`, `depth`), restricted to what the search space holds."""
+    base, blk = space.base, space.base.blocks[0]
+    groups = blk.kv_heads
+    hidden = [h for h in modelopt_choices(base.hidden_size, _divisor(space.hidden), width) if h in space.hidden]
+    heads = [q for q in modelopt_choices(base.num_attention_heads, groups, width) if q in space.heads]
+    ffn = [f for f in modelopt_choices(blk.ffn, _divisor(space.ffn), width) if f in space.ffn]
+    kv = [k for k in space.attention if k > 0] if spec.prune_kv_groups else [groups]
+    depth_ok = 0 in space.attention and 0 in space.ffn
+    layers = modelopt_choices(space.num_layers, 1, depth)
+    max_drop = min(space.num_layers - layers[0], n_droppable) if depth_ok else 0
+    return Grid(hidden, heads, kv, ffn, max_drop)
 
 
 def enumerate_candidates(
-    space: SearchSpace, drop_order: list[int], cost_model: CostModel, constraints: tuple[Constraint, ...], spec: MinitronSpec
+    space: SearchSpace,
+    drop_order: list[int],
+    cost_model: CostModel,
+    constraints: tuple[Constraint, ...],
+    spec: MinitronSpec,
+    width: float | None = None,
+    depth: float | None = None,
 ) -> list[Candidate]:
-    """Every homogeneous candidate that meets all `constraints`, most parameters first."""
-    base = space.base.blocks[0]
-    depth_ok = 0 in space.attention and 0 in space.ffn
-    max_drop = min(int(spec.max_depth_pruning * space.num_layers), len(drop_order)) if depth_ok else 0
-    grid = itertools.product(
-        _widths(space.hidden, space.base.hidden_size, spec.max_width_pruning),
-        _widths(space.attention, base.kv_heads, spec.max_width_pruning),
-        _widths(space.ffn, base.ffn, spec.max_width_pruning),
-        range(max_drop + 1),
+    """Every homogeneous candidate of the grid at the limits (default: the spec's) that meets all `constraints`, most parameters first."""
+    g = grid(
+        space, spec, spec.max_width_pruning if width is None else width, spec.max_depth_pruning if depth is None else depth, len(drop_order)
     )
     found = []
-    for hidden, kv, ffn, n_drop in grid:
+    for hidden, heads, kv, ffn, n_drop in itertools.product(g.hidden, g.heads, g.kv, g.ffn, range(g.max_drop + 1)):
+        if heads % kv:
+            continue
         dropped = tuple(sorted(drop_order[:n_drop]))
-        arch = homogeneous(space, hidden, kv, ffn, dropped)
+        arch = homogeneous(space, hidden, kv, ffn, dropped, heads)
         costs = cost_model.predict(arch)
         if all(c.satisfied(costs[c.metric]) for c in constraints):
-            found.append(Candidate(arch, hidden, kv, ffn, dropped, arch.num_params(), costs))
-    found.sort(key=lambda c: (-c.params, -c.hidden, -c.kv_heads, -c.ffn, len(c.dropped)))
+            found.append(Candidate(arch, hidden, heads, kv, ffn, dropped, arch.num_params(), costs))
+    found.sort(key=lambda c: (-c.params, -c.hidden, -c.heads, -c.kv_heads, -c.ffn, len(c.dropped)))
     return found
+
+
+def limit_steps(spec: MinitronSpec) -> list[tuple[float, float]]:
+    """(width, depth) limits to try: the spec's, then (when `widen`) depth raised a step at a time up to the
+    width limit, then both alternately."""
+    steps = [(spec.max_width_pruning, spec.max_depth_pruning)]
+    width, depth = steps[0]
+    while spec.widen and (width < 0.9 - 1e-9 or depth < 0.9 - 1e-9):
+        if (depth < width - 1e-9 and depth < 0.9 - 1e-9) or width >= 0.9 - 1e-9:
+            depth = round(min(0.9, depth + WIDEN_STEP), 6)
+        else:
+            width = round(min(0.9, width + WIDEN_STEP), 6)
+        steps.append((width, depth))
+    return steps
+
+
+def feasible_candidates(
+    space: SearchSpace, drop_order: list[int], cost_model: CostModel, constraints: tuple[Constraint, ...], spec: MinitronSpec
+) -> tuple[list[Candidate], dict[str, Any]]:
+    """The candidates at the first limits that admit any, and those limits (`widened`: beyond ModelOpt's defaults)."""
+    for width, depth in limit_steps(spec):
+        found = enumerate_candidates(space, drop_order, cost_model, constraints, spec, width, depth)
+        if found:
+            widened = (width, depth) != (spec.max_width_pruning, spec.max_depth_pruning)
+            return found, {"max_width_pruning": width, "max_depth_pruning": depth, "widened": widened}
+    bounds = ", ".join(c.describe() for c in constraints)
+    hint = "" if spec.widen else "; set compare.minitron.widen=true or raise max_width_pruning / max_depth_pruning"
+    raise InfeasibleError(f"no homogeneous Minitron candidate in the search space meets {bounds}{hint}")
 
 
 @dataclass
@@ -174,8 +262,9 @@ class MinitronResult:
     best: Candidate
     ranking: Ranking
     importance: Importance
-    scored: pd.DataFrame  # the top-k: hidden, kv_heads, ffn, dropped, params, costs, kl, perplexity, chosen
+    scored: pd.DataFrame  # the top-k: hidden, heads, kv_heads, ffn, dropped, params, costs, kl, perplexity, chosen
     feasible: int  # homogeneous candidates that meet the constraints
+    limits: dict[str, Any]  # max_width_pruning, max_depth_pruning used, widened
 
 
 def search(
@@ -191,17 +280,11 @@ def search(
 ) -> MinitronResult:
     """Minitron's pick: importance on `calib`, the feasible homogeneous candidates, the best of the top-k by KL on `score_tokens`.
 
-    `teacher_score` [n, s, d]: the unpruned model's final hidden states on `score_tokens`.
+    `score_tokens` come from the selection split; `teacher_score` [n, s, d]: the unpruned model's final hidden states on them.
     """
     imp = importance(model, calib[: spec.importance_sequences], progress=progress)
     ranking = imp.ranking()
-    found = enumerate_candidates(space, imp.drop_order(), cost_model, constraints, spec)
-    if not found:
-        bounds = ", ".join(c.describe() for c in constraints)
-        raise InfeasibleError(
-            f"no homogeneous architecture on the search space's divisors meets {bounds}; "
-            "raise compare.minitron.max_depth_pruning or max_width_pruning (null = the search space's bounds)"
-        )
+    found, limits = feasible_candidates(space, imp.drop_order(), cost_model, constraints, spec)
     masked = MaskedModel(model, space, ranking)
     rows = []
     try:
@@ -210,6 +293,7 @@ def search(
             rows.append(
                 {
                     "hidden": cand.hidden,
+                    "num_attention_heads": cand.heads,
                     "kv_heads": cand.kv_heads,
                     "ffn": cand.ffn,
                     "dropped": list(cand.dropped),
@@ -226,7 +310,7 @@ def search(
     scored = pd.DataFrame(rows)
     best_row = int(scored["kl"].idxmin())
     scored["chosen"] = scored.index == best_row
-    return MinitronResult(found[best_row], ranking, imp, scored, len(found))
+    return MinitronResult(found[best_row], ranking, imp, scored, len(found), limits)
 
 
 # --------------------------------------------------------------------------- checkpoint

@@ -45,6 +45,20 @@ def test_paired_bootstrap() -> None:
     assert (same[["diff", "lo", "hi"]] == 0).all().all()  # pairing: identical models never differ
 
 
+def test_bootstrap_interval_covers_distillation_seeds() -> None:
+    """Two seeds of a that disagree item by item widen the interval; the point is the mean over seeds."""
+    rng = np.random.default_rng(1)
+    b = items([0.5] * 200)
+    seed0, seed1 = items(list(rng.integers(0, 2, 200).astype(float))), items(list(rng.integers(0, 2, 200).astype(float)))
+    both = paired_bootstrap([seed0, seed1], [b], n=1000).set_index("task")
+    one = paired_bootstrap(seed0, b, n=1000).set_index("task")
+    want = 100 * (seed0["correct"].mean() + seed1["correct"].mean()) / 2 - 50
+    assert both.loc["piqa", "diff"] == pytest.approx(want)
+    constant = paired_bootstrap([items([1.0] * 50), items([0.0] * 50)], [items([0.0] * 50)], n=400).set_index("task")
+    assert constant.loc["piqa", "lo"] == 0.0 and constant.loc["piqa", "hi"] == 100.0  # items agree; only the seed varies
+    assert one.loc["piqa", "hi"] - one.loc["piqa", "lo"] < 100
+
+
 def test_pick_trial(tmp_path: Path) -> None:
     trials = pd.DataFrame(
         {
@@ -55,6 +69,9 @@ def test_pick_trial(tmp_path: Path) -> None:
         }
     )
     assert pick_trial(trials, None, tmp_path)["trial_id"] == "b"  # c has a lower KL but misses a constraint
+    trials["kl_select"] = [0.1, 0.4, 0.0, 0.0]  # the selection split picks; the report split only reports
+    assert pick_trial(trials, None, tmp_path)["trial_id"] == "a"
+    trials = trials.drop(columns="kl_select")
     assert pick_trial(trials, "a", tmp_path)["trial_id"] == "a"
     with pytest.raises(ConfigError, match="misses a constraint"):
         pick_trial(trials, "c", tmp_path)
@@ -116,6 +133,7 @@ def test_compare_runs_every_stage_and_reuses_them(
         "compare.minitron.importance_sequences=4",
         "compare.minitron.score_sequences=2",
         "distill.tokens=512",
+        "compare.seeds=[0,1]",
         "distill.seq_len=32",
         "distill.eval_sequences=2",
         "evaluate.tasks=[piqa,winogrande,lambada_openai]",
@@ -138,12 +156,20 @@ def test_compare_runs_every_stage_and_reuses_them(
     text = capsys.readouterr().out
     assert "AutoCompress - Minitron (95% CI)" in text and (out / "compare.md").exists()
     for name in ("autocompress", "minitron"):
-        distilled = json.loads((out / name / "distilled" / "distill.json").read_text())
-        assert distilled["tokens"] == 512 and distilled["data"]["source"] == "stdlib"  # calibration text, never evaluation data
+        for seed in (0, 1):
+            distilled = json.loads((out / name / f"distilled-seed{seed}" / "distill.json").read_text())
+            assert distilled["tokens"] == 512 and distilled["data"]["source"] == "stdlib"  # calibration text, never evaluation data
+    summary = json.loads((out / "compare.json").read_text())
+    assert summary["seeds"] == [0, 1] and summary["scenario"] == "cpu_interactive"
+    assert summary["minitron"]["num_key_value_heads"] == 2  # the tiny model's KV groups, all kept
+    assert set(summary["minitron"]["limits"]) == {"max_width_pruning", "max_depth_pruning", "widened"}
+    assert summary["diff"]["low"] <= summary["diff"]["mean"] <= summary["diff"]["high"]
+    assert summary["minitron"]["average"] == pytest.approx(frame.loc["minitron", "average"])
+    assert "Minitron (ModelOpt" in frame.loc["minitron", "label"] and (frame["seeds"] == [1, 2, 2]).all()
     run_compare(job)  # a rerun with the same settings reuses every stage
     seconds = json.loads((out / "compare.json").read_text())["seconds"]
     assert all(seconds[s] == "reused" for s in seconds if "/" in s), seconds
     other = job_from_dict(compose_dict(*overrides, *small, f"compare.out={tmp_path / 'other'}"))
     run_compare(other)  # another run (another scenario's, say) reuses the unpruned model's scores
     seconds = json.loads((tmp_path / "other" / "compare.json").read_text())["seconds"]
-    assert seconds["base/eval"] == "reused" and seconds["autocompress/eval"] != "reused", seconds
+    assert seconds["base/eval"] == "reused" and seconds["autocompress/eval-seed0"] != "reused", seconds

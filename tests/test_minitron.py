@@ -11,8 +11,18 @@ import torch
 from autocompress.arch import Architecture, Block, SearchSpace
 from autocompress.config import Constraint, Hardware, SpaceSpec, Workload
 from autocompress.cost import AnalyticCostModel
+from autocompress.errors import InfeasibleError
 from autocompress.importance import teacher_hidden
-from autocompress.minitron import MinitronSpec, enumerate_candidates, importance, search, write_checkpoint
+from autocompress.minitron import (
+    MinitronSpec,
+    enumerate_candidates,
+    feasible_candidates,
+    importance,
+    limit_steps,
+    modelopt_choices,
+    search,
+    write_checkpoint,
+)
 from autocompress.models import ByteTokenizer
 
 from .test_arch import SMOLLM2
@@ -30,40 +40,69 @@ def smollm2_setup(memory: float, tpot: float) -> tuple[SearchSpace, AnalyticCost
     return space, cm, (Constraint("memory_gib", memory * base["memory_gib"]), Constraint("tpot_ms", tpot * base["tpot_ms"]))
 
 
-@pytest.mark.parametrize("max_width", [None, 0.4])
-def test_candidates_are_homogeneous_and_meet_the_constraints(max_width: float | None) -> None:
-    space, cm, cons = smollm2_setup(0.8, 0.8)
+def test_modelopt_choices_keep_the_top_share_of_each_axis() -> None:
+    """`sorted(choices)[int((1 - p) * len(choices)):]` over multiples of the divisor, as ModelOpt filters its grid."""
+    assert modelopt_choices(576, 64, 0.4) == [384, 448, 512, 576]
+    assert modelopt_choices(9, 3, 0.4) == [6, 9]  # query heads: multiples of the 3 KV groups
+    assert modelopt_choices(1536, 128, 0.4) == [1024, 1152, 1280, 1408, 1536]
+    assert modelopt_choices(30, 1, 0.2) == [25, 26, 27, 28, 29, 30]  # layers: at most 5 of 30 dropped
+    assert modelopt_choices(30, 1, 0.0) == [30]
+
+
+def test_candidates_keep_every_kv_group_and_meet_the_constraints() -> None:
+    space, cm, cons = smollm2_setup(0.9, 0.9)
     drop_order = [29, 3, 17, *[i for i in range(1, 30) if i not in (29, 3, 17)]]
-    spec = MinitronSpec(max_width_pruning=max_width, max_depth_pruning=0.3)
-    found = enumerate_candidates(space, drop_order, cm, cons, spec)
+    found = enumerate_candidates(space, drop_order, cm, cons, MinitronSpec())
     assert found
     for cand in found:
         kept = [b for i, b in enumerate(cand.arch.blocks) if i not in cand.dropped]
-        assert len(set(kept)) == 1 and kept[0] == Block(cand.kv_heads, cand.ffn) and cand.kv_heads > 0 and cand.ffn > 0
+        assert len(set(kept)) == 1 and kept[0] == Block(3, cand.ffn) and cand.kv_heads == 3  # KV groups are never pruned
         assert all(cand.arch.blocks[i] == Block(0, 0) for i in cand.dropped)
-        assert 0 not in cand.dropped and len(cand.dropped) <= int(0.3 * 30)
+        assert 0 not in cand.dropped and len(cand.dropped) <= 5
         assert cand.dropped == tuple(sorted(drop_order[: len(cand.dropped)]))  # the least important blocks go first
+        assert cand.arch.num_attention_heads == cand.heads and cand.heads in (6, 9)
+        assert cand.hidden >= 384 and cand.ffn >= 1024
         assert space.allows(cand.arch) and cand.params == cand.arch.num_params()
         costs = cm.predict(cand.arch)
         assert all(c.satisfied(costs[c.metric]) for c in cons)
-        if max_width is not None:
-            assert cand.hidden >= 0.6 * 576 and cand.ffn >= 0.6 * 1536 and cand.kv_heads >= 0.6 * 3
     assert [c.params for c in found] == sorted((c.params for c in found), reverse=True)
-    # every homogeneous shape left out misses a constraint: spot-check the whole grid without depth pruning
-    listed = {(c.hidden, c.kv_heads, c.ffn) for c in found if not c.dropped}
-    for h in space.hidden:
-        for kv in (1, 3):
-            for f in space.ffn[1:]:
-                arch = Architecture(**{**space.base.__dict__, "hidden_size": h, "blocks": (Block(kv, f),) * 30})
+    # every grid shape left out misses a constraint: the whole grid without depth pruning
+    listed = {(c.hidden, c.heads, c.ffn) for c in found if not c.dropped}
+    for h in (384, 448, 512, 576):
+        for q in (6, 9):
+            for f in (1024, 1152, 1280, 1408, 1536):
+                arch = Architecture(**{**space.base.__dict__, "hidden_size": h, "num_attention_heads": q, "blocks": (Block(3, f),) * 30})
                 costs = cm.predict(arch)
-                fits = all(c.satisfied(costs[c.metric]) for c in cons)
-                in_bounds = max_width is None or (h >= 0.6 * 576 and f >= 0.6 * 1536 and kv >= 0.6 * 3)
-                assert ((h, kv, f) in listed) == (fits and in_bounds)
+                assert ((h, q, f) in listed) == all(c.satisfied(costs[c.metric]) for c in cons)
+
+
+def test_limits_are_widened_step_by_step_and_recorded() -> None:
+    space, cm, cons = smollm2_setup(0.7, 0.7)
+    order = list(range(1, 30))
+    assert enumerate_candidates(space, order, cm, cons, MinitronSpec()) == []  # nothing within ModelOpt's defaults
+    found, limits = feasible_candidates(space, order, cm, cons, MinitronSpec())
+    assert found and limits["widened"] and (limits["max_width_pruning"], limits["max_depth_pruning"]) != (0.4, 0.2)
+    assert limit_steps(MinitronSpec())[:4] == [(0.4, 0.2), (0.4, 0.3), (0.4, 0.4), (0.5, 0.4)]
+    steps = limit_steps(MinitronSpec())
+    previous = steps[steps.index((limits["max_width_pruning"], limits["max_depth_pruning"])) - 1]
+    assert enumerate_candidates(space, order, cm, cons, MinitronSpec(), *previous) == []  # the first limits that admit any
+    with pytest.raises(InfeasibleError, match="widen"):
+        feasible_candidates(space, order, cm, cons, MinitronSpec(widen=False))
+
+
+def test_kv_pooling_is_an_ablation_under_its_own_name() -> None:
+    space, cm, cons = smollm2_setup(0.9, 0.9)
+    spec = MinitronSpec(prune_kv_groups=True)
+    found = enumerate_candidates(space, list(range(1, 30)), cm, cons, spec)
+    assert {c.kv_heads for c in found} == {1, 3}
+    assert "ablation" in spec.label and "Minitron" not in spec.label and "Minitron" in MinitronSpec().label
 
 
 def test_no_candidate_when_constraints_are_out_of_reach() -> None:
     space, cm, cons = smollm2_setup(0.05, 0.05)
-    assert enumerate_candidates(space, list(range(1, 30)), cm, cons, MinitronSpec()) == []
+    assert enumerate_candidates(space, list(range(1, 30)), cm, cons, MinitronSpec(), 0.9, 0.9) == []
+    with pytest.raises(InfeasibleError, match="no homogeneous Minitron candidate"):
+        feasible_candidates(space, list(range(1, 30)), cm, cons, MinitronSpec())
 
 
 def test_importance_hooks_leave_the_model_unchanged(tiny_model: Any, tokens: torch.Tensor) -> None:
@@ -72,7 +111,7 @@ def test_importance_hooks_leave_the_model_unchanged(tiny_model: Any, tokens: tor
     imp = importance(tiny_model, tokens, progress=False)
     with torch.no_grad():
         torch.testing.assert_close(tiny_model(tokens).logits, before)
-    assert imp.hidden.shape == (64,) and imp.ffn.shape == (3, 96) and imp.blocks.shape == (3,)
+    assert imp.hidden.shape == (64,) and imp.ffn.shape == (3, 96) and imp.blocks.shape == (3,) and imp.heads.shape == (3, 4)
     assert bool((imp.blocks > 0).all()) and imp.drop_order() and 0 not in imp.drop_order()
     ranking = imp.ranking()
     assert sorted(ranking.hidden.tolist()) == list(range(64)) and int(ranking.hidden[0]) == int(imp.hidden.argmax())
@@ -84,7 +123,7 @@ def test_search_picks_the_best_scored_of_the_top_k_and_exports_it(tiny_model: An
         Hardware(name="cpu", peak_tflops=0.1, mem_bandwidth_gbs=20, memory_gib=16, step_overhead_ms=0, block_overhead_us=0),
         Workload(name="w", prompt_len=64, output_len=16, concurrency=2, context_len=128),
     )
-    cons = (Constraint("tpot_ms", 0.8 * cm.predict(tiny_space.largest())["tpot_ms"]),)
+    cons = (Constraint("ttft_ms", 0.9 * cm.predict(tiny_space.largest())["ttft_ms"]),)
     calib = torch.randint(0, 256, (6, 24), generator=torch.Generator().manual_seed(1))
     score = calib[:2]
     res = search(
@@ -94,6 +133,7 @@ def test_search_picks_the_best_scored_of_the_top_k_and_exports_it(tiny_model: An
     chosen = res.scored[res.scored["chosen"]].iloc[0]
     assert chosen["kl"] == res.scored["kl"].min() and chosen["architecture"] == res.best.arch.to_json()
     assert list(res.scored["params"]) == sorted(res.scored["params"], reverse=True)
+    assert set(res.scored["kv_heads"]) == {2} and set(res.limits) == {"max_width_pruning", "max_depth_pruning", "widened"}
     fmt = write_checkpoint(tiny_model, ByteTokenizer(), tiny_space, res.ranking, res.best.arch, tmp_path / "mt", calib[:2], "# card")
     assert fmt in ("llama", "decilm") and (tmp_path / "mt" / "config.json").exists()  # verify_export raised otherwise
     assert "Verified" in (tmp_path / "mt" / "README.md").read_text()
