@@ -282,7 +282,32 @@ def test_rounding_beyond_fp32_tolerance_is_settled_in_float64(
     monkeypatch.setattr(export_mod, "float_64_difference", lambda *a: seen.append(real(*a)) or seen[-1])
     assert main([str(run_dir), f"trial={trial}", f"out={tmp_path / 'out'}"]) == 0, capsys.readouterr().err
     ((diff, scale),) = seen
-    assert diff <= export_mod.LOGIT_RTOL_FP64 * max(1.0, scale) and diff < 1e-9  # tiny models: float64 agrees closely
+    assert diff <= export_mod.LOGIT_ATOL_FP64 and diff < 1e-9  # tiny models: float64 agrees closely
+
+
+def test_three_kv_heads_merged_into_one_agree_in_float64(tokens: torch.Tensor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """KV heads 3 -> 1 (weights 1/3): exact in float64; an fp32 merge matrix leaves a difference the check would see."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from autocompress import masking
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=96, intermediate_size=64, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=3
+    )
+    model = LlamaForCausalLM(config).eval().requires_grad_(False)
+    space = SearchSpace.from_base(Architecture.from_llama_config(model.config), SpaceSpec(hidden_divisor=16, ffn_divisor=32))
+    ranking = rank_units(model, tokens, progress=False)
+    arch = hetero(space, 64, Block(1, 64), Block(1, 32), Block(3, 64))
+    out = write_checkpoint(arch, tmp_path / "ck", model.config, pruned_state_dict(model, arch, ranking))
+    exported = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32).eval()
+    diff, _ = export_mod.float_64_difference(exported, model, space, ranking, arch, tokens)
+    assert diff < 1e-9
+    real = masking.kv_merge_matrix
+    monkeypatch.setattr(masking, "kv_merge_matrix", lambda kv, k: real(kv, k).float().double())  # the old fp32 matrix
+    exported = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32).eval()  # weights as on disk
+    rounded, _ = export_mod.float_64_difference(exported, model, space, ranking, arch, tokens)
+    assert rounded > 100 * max(diff, 1e-15)
 
 
 def test_weights_written_wrong_are_caught_after_the_fp32_check(
