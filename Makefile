@@ -31,9 +31,9 @@ install-test: $(VENV)/.installed-test
 demo: install
 	$(BIN)/python -m autocompress.sweep +scenario=$(SCENARIO)
 
-# pytest exits 5 when it collects no tests: treat that as success, any other failure as failure.
+# pytest's own exit status: 5 (no test collected) fails too, so CI never passes on a run without tests.
 test: install-test
-	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+	$(BIN)/python -m pytest
 
 lint: install
 	$(BIN)/ruff check autocompress tests benchmarks
