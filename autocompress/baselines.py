@@ -1,10 +1,19 @@
-"""Naive architectures the search must beat at equal predicted cost: uniform-fraction and random feasible."""
+"""Architectures the search must beat at equal predicted cost.
+
+Baselines that could win (scored by the caller on the report split):
+- `homogeneous_full_kv`: full hidden size, every query and KV head; per FFN width on the grid, the
+  fewest least-important blocks dropped that meet the constraints (more drops only lose quality);
+  the caller keeps the one with the lowest selection-split KL;
+- `greedy_removal`: attention and FFN sublayers removed one at a time, least important first
+  (1 - cos of the residual stream across the sublayer), until every constraint holds.
+Naive ones, kept for profiling designs: uniform-fraction shrinks and random feasible architectures.
+"""
 
 from __future__ import annotations
 
 import random
 
-from autocompress.arch import Architecture, SearchSpace
+from autocompress.arch import Architecture, Block, SearchSpace
 from autocompress.config import Constraint
 from autocompress.cost import CostModel
 
@@ -75,3 +84,39 @@ def random_feasible(
                 break
         else:
             return space.architecture(h, att, ffn)
+
+
+def homogeneous_full_kv(
+    space: SearchSpace, drop_order: list[int], cost_model: CostModel, constraints: tuple[Constraint, ...]
+) -> list[Architecture]:
+    """Per FFN width of the space, the architecture with base hidden size and heads, that width in every kept layer,
+    and the fewest blocks of `drop_order` (least important first) dropped that meets `constraints`; widest first."""
+    base = space.base
+    kv = base.blocks[0].kv_heads
+    out = []
+    for ffn in sorted((f for f in space.ffn if f > 0), reverse=True):
+        for n_drop in range(len(drop_order) + 1):
+            dropped = set(drop_order[:n_drop])
+            blocks = tuple(Block(0, 0) if i in dropped else Block(kv, ffn) for i in range(space.num_layers))
+            arch = Architecture(**{**base.__dict__, "blocks": blocks})
+            if space.allows(arch) and meets(cost_model, constraints, arch):
+                out.append(arch)
+                break
+    return out
+
+
+def greedy_removal(
+    space: SearchSpace, order: list[tuple[str, int]], cost_model: CostModel, constraints: tuple[Constraint, ...]
+) -> Architecture | None:
+    """Remove sublayers in `order` (("attention" | "ffn", layer), least important first) from the base model until
+    every constraint holds; widths stay the base model's. None if removing all of them is not enough."""
+    blocks = list(space.base.blocks)
+    for kind, layer in order:
+        if kind == "attention" and space.attention_floor[layer] > 0:
+            continue  # this layer must keep its attention
+        b = blocks[layer]
+        blocks[layer] = Block(0, b.ffn) if kind == "attention" else Block(b.kv_heads, 0)
+        arch = Architecture(**{**space.base.__dict__, "blocks": tuple(blocks)})
+        if meets(cost_model, constraints, arch):
+            return arch
+    return None

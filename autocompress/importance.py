@@ -87,3 +87,41 @@ def teacher_hidden(model: Any, tokens: torch.Tensor, batch_size: int = 4, progre
     for start in tqdm(range(0, len(tokens), batch_size), desc=desc, disable=not progress):
         out.append(model.model(input_ids=tokens[start : start + batch_size], use_cache=False).last_hidden_state)
     return torch.cat(out)
+
+
+@torch.no_grad()
+def sublayer_order(model: Any, tokens: torch.Tensor, batch_size: int = 4) -> list[tuple[str, int]]:
+    """Attention and FFN sublayers from least to most important: 1 - mean cos(residual before, residual after) on `tokens`."""
+    inner = model.model
+    n = len(inner.layers)
+    scores = torch.zeros(2, n, dtype=torch.float64)  # [attention | ffn, layer]
+    mid: dict[int, torch.Tensor] = {}
+
+    def on_mid(idx: int) -> Any:  # post_attention_layernorm's input: the residual after attention
+        def hook(module: Any, args: Any) -> None:
+            mid[idx] = args[0]
+
+        return hook
+
+    def on_layer(idx: int) -> Any:
+        def hook(module: Any, args: Any, kwargs: Any, out: Any) -> None:
+            x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            y = out[0] if isinstance(out, tuple) else out
+            cos = torch.nn.functional.cosine_similarity
+            scores[0, idx] += float(1 - cos(x.float(), mid[idx].float(), dim=-1).mean())
+            scores[1, idx] += float(1 - cos(mid[idx].float(), y.float(), dim=-1).mean())
+
+        return hook
+
+    handles = []
+    for idx, layer in enumerate(inner.layers):
+        handles.append(layer.post_attention_layernorm.register_forward_pre_hook(on_mid(idx)))
+        handles.append(layer.register_forward_hook(on_layer(idx), with_kwargs=True))
+    try:
+        for start in range(0, len(tokens), batch_size):
+            inner(input_ids=tokens[start : start + batch_size], use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    flat = [(float(scores[k, i]), ("attention", "ffn")[k], i) for k in range(2) for i in range(n)]
+    return [(kind, i) for _, kind, i in sorted(flat)]
