@@ -1,10 +1,12 @@
 """`python -m autocompress.evaluate MODEL`: zero-shot accuracy by log-likelihood (lm-evaluation-harness's metrics) and perplexity.
 
 Multiple choice: the log-likelihood of every answer given the prompt; `acc` takes the largest sum,
-`acc_norm` the largest sum divided by the answer's UTF-8 byte length. LAMBADA: `acc` = every
-target token is the greedy one, `perplexity` = exp(-mean over items of the target's
-log-likelihood). Corpus perplexity: exp of the mean token NLL over disjoint windows of a text file.
-The average is the mean over the benchmarks of each one's headline metric (`tasks.TASKS`).
+`acc_norm` the largest sum divided by the answer's length in characters (`len(choice)` of the answer
+without its leading space, as lm-evaluation-harness's multiple-choice `process_results`; its
+byte-normalised variant is `acc_bytes`, not computed here). LAMBADA: `acc` = every target token is the
+greedy one, `perplexity` = exp(-mean over items of the target's log-likelihood). Corpus perplexity: exp
+of the mean token NLL over disjoint windows of a text file. The average is the mean over the benchmarks
+of each one's headline metric (`tasks.TASKS`).
 """
 
 from __future__ import annotations
@@ -207,8 +209,13 @@ def loglikelihoods(
 
 
 def choice_metrics(item: Item, lls: Sequence[float]) -> dict[str, float]:
-    """acc: argmax of the summed log-likelihoods is gold; acc_norm: argmax of log-likelihood / UTF-8 bytes of the answer."""
-    norm = [ll / max(1, len(c.encode("utf-8"))) for ll, c in zip(lls, item.choices, strict=True)]
+    """acc: argmax of the summed log-likelihoods is gold; acc_norm: argmax of log-likelihood / characters of the answer.
+
+    Characters as lm-evaluation-harness counts them: `len(choice)` of the answer text without the leading space
+    (Python str length, not UTF-8 bytes); ties go to the first choice (np.argmax). An empty answer counts as 1
+    character here (lm-eval would divide by zero).
+    """
+    norm = [ll / max(1, len(c)) for ll, c in zip(lls, item.choices, strict=True)]
     return {"acc": float(int(np.argmax(lls)) == item.gold), "acc_norm": float(int(np.argmax(norm)) == item.gold), "loglik": lls[item.gold]}
 
 

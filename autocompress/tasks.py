@@ -26,13 +26,13 @@ DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"  # <r
 
 @dataclass(frozen=True)
 class Item:
-    """One benchmark item: request i is (contexts[i], continuations[i]); `choices[i]` is what acc_norm divides by."""
+    """One benchmark item: request i is (contexts[i], continuations[i]); acc_norm divides by `len(choices[i])` (characters)."""
 
     task: str
     index: int  # position in the source (file line / dataset row), stable across subsets
     contexts: tuple[str, ...]
     continuations: tuple[str, ...]
-    choices: tuple[str, ...]  # answer texts without the leading delimiter (acc_norm: UTF-8 bytes)
+    choices: tuple[str, ...]  # answer texts without the leading space, as lm-eval's doc_to_choice (acc_norm: characters)
     gold: int
 
 

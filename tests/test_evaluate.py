@@ -74,9 +74,18 @@ def test_acc_and_acc_norm_differ_where_they_should() -> None:
     # raw sums prefer the short answer; per byte the long one is better
     assert choice_metrics(item, [-2.0, -5.0]) == {"acc": 0.0, "acc_norm": 1.0, "loglik": -5.0}
     assert choice_metrics(item, [-6.0, -5.0])["acc"] == 1.0
-    # bytes, not characters: "é" is 2 bytes
-    accented = Item("piqa", 0, ("Q",) * 2, (" éé", " abc"), ("éé", "abc"), gold=0)
-    assert choice_metrics(accented, [-3.9, -3.0])["acc_norm"] == 1.0  # -3.9/4 > -3.0/3
+
+
+def test_acc_norm_divides_by_characters_of_the_answer_without_its_space() -> None:
+    # lm-eval: lls / len(choice) over doc_to_choice's texts (characters, no target delimiter)
+    accented = Item("piqa", 0, ("Q",) * 2, (" éé", " abc"), ("éé", "abc"), gold=1)
+    # per character -3.9/2 < -3.0/3, so "abc"; per UTF-8 byte ("é" is 2) -3.9/4 > -3.0/3 would pick "éé"
+    assert choice_metrics(accented, [-3.9, -3.0])["acc_norm"] == 1.0
+    assert choice_metrics(accented, [-1.9, -3.0])["acc_norm"] == 0.0  # -0.95 > -1.0: the per-character rule both ways
+    # built as a task builds it: the leading space is in the continuation, not in what acc_norm divides by
+    arc = TASKS["arc_easy"].from_local(0, {"question": "Q?", "choices": ["a", "bb"], "gold": 1})
+    assert arc.continuations == (" a", " bb") and arc.choices == ("a", "bb")
+    assert choice_metrics(arc, [-2.0, -3.5])["acc_norm"] == 1.0  # -2/1 < -3.5/2; with the space: -2/2 > -3.5/3
 
 
 def test_known_log_likelihoods_score_as_lm_eval_defines() -> None:
