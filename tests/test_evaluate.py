@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
+from autocompress.config import build
 from autocompress.errors import ConfigError
 from autocompress.evaluate import (
     EvalSpec,
@@ -26,7 +27,7 @@ from autocompress.evaluate import (
 from autocompress.models import ByteTokenizer
 from autocompress.tasks import TASKS, Item, load_items, subset
 
-from .conftest import SHARED_DATA
+from .conftest import CONF, SHARED_DATA
 
 needs_data = pytest.mark.skipif(not (SHARED_DATA / "benchmarks").is_dir(), reason=f"evaluation data not found at {SHARED_DATA}")
 # examples per file, as ../shared/data/PROVENANCE.md lists them
@@ -37,7 +38,7 @@ SIZES = {
     "arc_challenge": 1172,
     "winogrande": 1267,
     "openbookqa": 500,
-    "sciq": 1000,
+    "sciq_closedbook": 1000,
     "lambada_openai": 5153,
 }
 
@@ -156,11 +157,11 @@ def test_packed_choices_score_like_separate_forwards(tiny_model: Any, tmp_path: 
 
 def test_subsets_are_fixed_by_seed() -> None:
     assert subset(100, 10, 0, "piqa") == subset(100, 10, 0, "piqa") != subset(100, 10, 1, "piqa")
-    assert subset(100, 10, 0, "piqa") != subset(100, 10, 0, "sciq") and subset(5, 10, 0, "x") == list(range(5))
+    assert subset(100, 10, 0, "piqa") != subset(100, 10, 0, "sciq_closedbook") and subset(5, 10, 0, "x") == list(range(5))
 
 
 @needs_data
-@pytest.mark.parametrize("task", list(TASKS))
+@pytest.mark.parametrize("task", [t for t in TASKS if TASKS[t].files])
 def test_each_benchmark_file_parses(task: str) -> None:
     items = load_items(task, "local", SHARED_DATA)
     assert len(items) == SIZES[task]
@@ -176,10 +177,49 @@ def test_hub_rows_become_the_same_items_as_local_rows() -> None:
     assert arc == TASKS["arc_easy"].from_local(0, {"question": "Q?", "choices": ["x", "y"], "gold": 1})
     wino = TASKS["winogrande"].from_hub(0, {"sentence": "Ann beat Bob so _ won.", "option1": "Ann", "option2": "Bob", "answer": "1"})
     assert wino.contexts == ("Ann beat Bob so Ann", "Ann beat Bob so Bob") and wino.continuations == (" won.", " won.") and wino.gold == 0
-    sciq = TASKS["sciq"].from_hub(3, {"question": "Q?", "distractor1": "a", "distractor2": "b", "distractor3": "c", "correct_answer": "d"})
-    assert sciq.gold == 3 and sciq.contexts[0] == "Question: Q?\nAnswer:"
     lam = TASKS["lambada_openai"].from_hub(0, {"text": "he said hello"})
     assert lam.contexts == ("he said",) and lam.continuations == (" hello",)
+
+
+SCIQ_ROW = {"question": "Q?", "distractor1": "a", "distractor2": "b", "distractor3": "c", "correct_answer": "d", "support": " Cells."}
+
+
+def test_sciq_is_lm_evals_with_the_support_passage_and_sciq_closedbook_has_none() -> None:
+    sciq = TASKS["sciq"].from_hub(3, SCIQ_ROW)
+    # lm-eval's doc_to_text: "{{support.lstrip()}}\nQuestion: {{question}}\nAnswer:", choices d1 d2 d3 correct, gold 3
+    assert sciq.contexts == ("Cells.\nQuestion: Q?\nAnswer:",) * 4 and sciq.choices == ("a", "b", "c", "d") and sciq.gold == 3
+    assert TASKS["sciq"].from_hub(0, {**SCIQ_ROW, "support": ""}).contexts[0] == "\nQuestion: Q?\nAnswer:"
+    closed = TASKS["sciq_closedbook"].from_hub(3, SCIQ_ROW)
+    assert closed.task == "sciq_closedbook" and closed.contexts[0] == "Question: Q?\nAnswer:"
+    assert closed == TASKS["sciq_closedbook"].from_local(3, {"question": "Q?", "choices": ["a", "b", "c", "d"], "gold": 3})
+    assert TASKS["sciq"].lm_eval == "sciq" and TASKS["sciq_closedbook"].lm_eval is None
+
+
+def test_sciq_from_local_files_fails_in_one_line_naming_the_ways_out(tmp_path: Path) -> None:
+    for call in (lambda: load_items("sciq", "local", tmp_path), lambda: EvalSpec(tasks=("piqa", "sciq"))):
+        with pytest.raises(ConfigError, match=r"no support passage.*use sciq_closedbook.*evaluate\.source=hub") as err:
+            call()
+        assert "\n" not in str(err.value)
+    assert EvalSpec(tasks=("sciq",), source="hub").tasks == ("sciq",)
+    with pytest.raises(ConfigError, match="sciq_closedbook has no lm-evaluation-harness task"):
+        EvalSpec(tasks=("sciq_closedbook",), source="lm-eval")
+
+
+def test_cli_refuses_sciq_from_local_files_before_loading_a_model(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("hydra")
+    assert main(["no/such/checkpoint", "tasks=piqa,sciq"]) == 2  # the missing checkpoint would fail later, differently
+    err = capsys.readouterr().err
+    assert err.startswith("error: sciq: the local SciQ file") and err.count("\n") == 1 and "sciq_closedbook" in err
+
+
+def test_default_tasks_follow_the_source_sciq_closedbook_only_for_local_files() -> None:
+    yaml = pytest.importorskip("yaml")
+    conf = yaml.safe_load((CONF / "evaluate" / "default.yaml").read_text(encoding="utf-8"))
+    local, hub, harness = (build(EvalSpec, {**conf, "source": s}, "evaluate") for s in ("local", "hub", "lm-eval"))
+    assert local.tasks == EvalSpec().tasks and len(local.tasks) == 8 and "sciq_closedbook" in local.tasks and "sciq" not in local.tasks
+    assert all(TASKS[t].files for t in local.tasks)
+    assert hub.tasks == harness.tasks == tuple("sciq" if t == "sciq_closedbook" else t for t in local.tasks)
+    assert build(EvalSpec, {**conf, "tasks": ["piqa"]}, "evaluate").tasks == ("piqa",)
 
 
 def test_a_missing_file_names_it_and_the_option(tmp_path: Path) -> None:
