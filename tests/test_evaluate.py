@@ -25,7 +25,7 @@ from autocompress.evaluate import (
     task_scores,
 )
 from autocompress.models import ByteTokenizer
-from autocompress.tasks import TASKS, Item, load_items, subset
+from autocompress.tasks import TASKS, Item, hellaswag_preprocess, load_items, subset
 
 from .conftest import CONF, SHARED_DATA
 
@@ -220,6 +220,46 @@ def test_default_tasks_follow_the_source_sciq_closedbook_only_for_local_files() 
     assert all(TASKS[t].files for t in local.tasks)
     assert hub.tasks == harness.tasks == tuple("sciq" if t == "sciq_closedbook" else t for t in local.tasks)
     assert build(EvalSpec, {**conf, "tasks": ["piqa"]}, "evaluate").tasks == ("piqa",)
+
+
+HELLASWAG_LINES = [
+    "Roof shingle removal: A man is sitting on a roof. he",
+    "3",
+    "is using wrap to wrap a pair of skis.",
+    "  is ripping [substeps] level tiles off. ",
+    "is holding a rubik's cube.",
+    "starts pulling up roofing on a roof.",
+    "Family Life: How to entertain a toddler. Visit a site like [www.kiddio.org] to find activities. [title] Play.",
+    "0",
+    *["ends.", "stops.", "waits.", "goes."],
+]
+
+
+def test_hellaswag_local_file_gets_lm_evals_preprocess_and_keeps_ctx_b_as_written(tmp_path: Path) -> None:
+    path = tmp_path / "benchmarks" / "hellaswag" / "hellaswag_val_full.txt"
+    path.parent.mkdir(parents=True)
+    path.write_text("\n".join(HELLASWAG_LINES) + "\n", encoding="utf-8")
+    first, second = load_items("hellaswag", "local", tmp_path)
+    assert first.continuations[1] == " is ripping level tiles off."  # strip, [tag] dropped, double space squeezed
+    assert second.contexts[0] == "Family Life: How to entertain a toddler. Visit a site like to find activities.. Play."
+    assert hellaswag_preprocess(" a [title]b  [x]c ") == "a. b c"
+    # the known difference: lm-eval capitalises ctx_b, which the joined ctx of the local file cannot separate
+    hub = TASKS["hellaswag"].from_hub(
+        0,
+        {"activity_label": "Roof shingle removal", "ctx_a": "A man is sitting on a roof.", "ctx_b": "he"}
+        | {"endings": HELLASWAG_LINES[2:6], "label": "3"},
+    )
+    assert hub.contexts[0] == "Roof shingle removal: A man is sitting on a roof. He"
+    assert first.contexts[0] == "Roof shingle removal: A man is sitting on a roof. he"
+    assert first.continuations == hub.continuations and first.choices == hub.choices and first.gold == hub.gold == 3
+
+
+@needs_data
+def test_the_shared_hellaswag_file_is_cleaned_as_lm_eval_but_keeps_ctx_b_as_written() -> None:
+    items = load_items("hellaswag", "local", SHARED_DATA)
+    assert items[0].contexts[0] == "Roof shingle removal: A man is sitting on a roof. he"  # lm-eval: "... roof. He"
+    toddler = [it for it in items if "How to entertain a toddler." in it.contexts[0]]
+    assert toddler and all("[www." not in it.contexts[0] for it in toddler)  # the file keeps "[www.kiddio.org]"; lm-eval drops it
 
 
 def test_a_missing_file_names_it_and_the_option(tmp_path: Path) -> None:
