@@ -72,7 +72,7 @@ def fixed_lm(**byte_probs: float) -> FixedLM:
 
 def test_acc_and_acc_norm_differ_where_they_should() -> None:
     item = Item("arc_easy", 0, ("Q",) * 2, (" a", " bbbbbbbbbb"), ("a", "bbbbbbbbbb"), gold=1)
-    # raw sums prefer the short answer; per byte the long one is better
+    # raw sums prefer the short answer; per character the long one is better
     assert choice_metrics(item, [-2.0, -5.0]) == {"acc": 0.0, "acc_norm": 1.0, "loglik": -5.0}
     assert choice_metrics(item, [-6.0, -5.0])["acc"] == 1.0
 
