@@ -1,10 +1,19 @@
 """`python -m autocompress.evaluate MODEL`: zero-shot accuracy by log-likelihood (lm-evaluation-harness's metrics) and perplexity.
 
 Multiple choice: the log-likelihood of every answer given the prompt; `acc` takes the largest sum,
-`acc_norm` the largest sum divided by the answer's UTF-8 byte length. LAMBADA: `acc` = every
-target token is the greedy one, `perplexity` = exp(-mean over items of the target's
-log-likelihood). Corpus perplexity: exp of the mean token NLL over disjoint windows of a text file.
-The average is the mean over the benchmarks of each one's headline metric (`tasks.TASKS`).
+`acc_norm` the largest sum divided by the answer's length in characters (`len(choice)` of the answer
+without its leading space, as lm-evaluation-harness's multiple-choice `process_results`; its
+byte-normalised variant is `acc_bytes`, not computed here). LAMBADA: `acc` = every target token is the
+greedy one, `perplexity` = exp(-mean over items of the target's log-likelihood). Corpus perplexity: exp
+of the mean token NLL over disjoint windows of a text file. The average is the mean over the benchmarks
+of each one's headline metric (`tasks.TASKS`).
+
+Not lm-evaluation-harness's numbers where: `limit=N` takes a fixed-seed random subset (lm-eval's
+`--limit` takes the first N); the local HellaSwag file cannot recover lm-eval's capitalised ctx_b and
+`sciq_closedbook` has no support passage (`tasks` module docstring); WinoGrande's acc_norm is reported
+(equal to acc), which lm-eval's winogrande does not; requests longer than `max_length` keep their last
+tokens at 2048 by default (lm-eval: the model's maximum length); the model runs in the dtype it was
+loaded in (source=lm-eval: float32).
 """
 
 from __future__ import annotations
@@ -29,16 +38,14 @@ from tqdm.auto import tqdm
 
 from autocompress.config import ModelSpec, build
 from autocompress.errors import ConfigError
-from autocompress.tasks import TASKS, Item, check_task_names, data_dir, load_items
-
-ALL_TASKS = tuple(TASKS)
+from autocompress.tasks import TASKS, Item, check_source, check_task_names, data_dir, default_tasks, load_items
 
 
 @dataclass(frozen=True)
 class EvalSpec:
     """What to evaluate and how (conf/evaluate/default.yaml)."""
 
-    tasks: tuple[str, ...] = ALL_TASKS
+    tasks: tuple[str, ...] | None = None  # None: tasks.default_tasks(source) (SciQ: sciq_closedbook locally, else sciq)
     limit: int = 200  # items per benchmark, a fixed-seed subset; 0 = all
     seed: int = 0
     source: Literal["local", "hub", "lm-eval"] = "local"
@@ -51,13 +58,21 @@ class EvalSpec:
     threads: int = 0  # torch threads; 0 = torch's default
 
     def __post_init__(self) -> None:
-        check_task_names(self.tasks)
+        if self.tasks is None:
+            object.__setattr__(self, "tasks", default_tasks(self.source))
+        check_task_names(self.names)
         for key in ("limit", "corpus_windows", "threads", "corpus_seq_len", "batch_tokens", "max_length"):
             low = 0 if key in ("limit", "corpus_windows", "threads") else 1
             if getattr(self, key) < low:
                 raise ConfigError(f"evaluate.{key} must be >= {low}, got {getattr(self, key)!r}")
         if self.source not in ("local", "hub", "lm-eval"):
             raise ConfigError(f"evaluate.source={self.source!r} is unknown; use local, hub or lm-eval")
+        check_source(self.names, self.source)  # e.g. sciq from local files: before any model is loaded
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The benchmarks to run (`tasks`, or the default for `source`)."""
+        return self.tasks if self.tasks is not None else default_tasks(self.source)
 
 
 # --------------------------------------------------------------------------- log-likelihoods
@@ -207,8 +222,13 @@ def loglikelihoods(
 
 
 def choice_metrics(item: Item, lls: Sequence[float]) -> dict[str, float]:
-    """acc: argmax of the summed log-likelihoods is gold; acc_norm: argmax of log-likelihood / UTF-8 bytes of the answer."""
-    norm = [ll / max(1, len(c.encode("utf-8"))) for ll, c in zip(lls, item.choices, strict=True)]
+    """acc: argmax of the summed log-likelihoods is gold; acc_norm: argmax of log-likelihood / characters of the answer.
+
+    Characters as lm-evaluation-harness counts them: `len(choice)` of the answer text without the leading space
+    (Python str length, not UTF-8 bytes); ties go to the first choice (np.argmax). An empty answer counts as 1
+    character here (lm-eval would divide by zero).
+    """
+    norm = [ll / max(1, len(c)) for ll, c in zip(lls, item.choices, strict=True)]
     return {"acc": float(int(np.argmax(lls)) == item.gold), "acc_norm": float(int(np.argmax(norm)) == item.gold), "loglik": lls[item.gold]}
 
 
@@ -327,7 +347,7 @@ def evaluate_model(model: Any, tokenizer: Any, spec: EvalSpec, name: str = "mode
         torch.set_num_threads(spec.threads)
     root = data_dir(spec.data_dir)
     corpus = corpus_path(spec)  # fail before any work when it is missing
-    loaded = {t: load_items(t, spec.source, root, spec.limit, spec.seed) for t in spec.tasks}  # likewise for benchmark files
+    loaded = {t: load_items(t, spec.source, root, spec.limit, spec.seed) for t in spec.names}  # likewise for benchmark files
     frames, seconds = [], {}
     model.eval()
     for n, (task, items) in enumerate(loaded.items(), 1):
@@ -343,7 +363,7 @@ def evaluate_model(model: Any, tokenizer: Any, spec: EvalSpec, name: str = "mode
     items_df = pd.concat(frames, ignore_index=True)
     scores = task_scores(items_df)
     extra = [
-        {"task": "average", "metric": "headline", "value": average(scores), "stderr": float("nan"), "n": len(spec.tasks), "headline": True}
+        {"task": "average", "metric": "headline", "value": average(scores), "stderr": float("nan"), "n": len(spec.names), "headline": True}
     ]
     if corpus is not None:
         start = time.time()
@@ -367,14 +387,14 @@ def evaluate_lm_eval(path: str, spec: EvalSpec) -> EvalResult:
     out = lm_eval.simple_evaluate(
         model="hf",
         model_args=f"pretrained={path},trust_remote_code=True,dtype=float32",
-        tasks=[TASKS[t].lm_eval for t in spec.tasks],
+        tasks=[TASKS[t].lm_eval for t in spec.names],
         num_fewshot=0,
         limit=spec.limit or None,
         random_seed=spec.seed,
         batch_size=1,
     )
     rows = []
-    for t in spec.tasks:
+    for t in spec.names:
         res = out["results"][TASKS[t].lm_eval]
         for metric in ("acc", "acc_norm", "perplexity"):
             if f"{metric},none" in res:
@@ -399,7 +419,7 @@ def evaluate_lm_eval(path: str, spec: EvalSpec) -> EvalResult:
                         "metric": "headline",
                         "value": average(scores),
                         "stderr": float("nan"),
-                        "n": len(spec.tasks),
+                        "n": len(spec.names),
                         "headline": True,
                     }
                 ]
@@ -456,7 +476,9 @@ usage: python -m autocompress.evaluate MODEL [out=DIR] [limit=N] [tasks=a,b] [KE
   MODEL           a checkpoint folder (export, distilled model, any Llama-family model) or `base` (the configured model=...)
   out=DIR         write items.parquet, scores.parquet, eval.json there (default: results/evaluate/<MODEL name>)
   limit=N         a fixed-seed subset of N items per benchmark (seed=S); 0 = all
-  tasks=a,b       some of: hellaswag piqa arc_easy arc_challenge winogrande openbookqa sciq lambada_openai
+  tasks=a,b       some of: hellaswag piqa arc_easy arc_challenge winogrande openbookqa sciq_closedbook sciq lambada_openai
+                  (default: all but sciq from local files, all but sciq_closedbook otherwise; sciq_closedbook is
+                  SciQ without its support passage, sciq is lm-eval's with it, from source=hub or source=lm-eval)
   data_dir=PATH   the evaluation-data folder (default <repo>/../shared/data); source=hub reads a dataset hub,
                   source=lm-eval runs lm-evaluation-harness on the same checkpoint
   corpus=FILE     the perplexity corpus (relative to data_dir; null = none); more keys: conf/evaluate/default.yaml

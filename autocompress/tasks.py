@@ -1,4 +1,4 @@
-"""Zero-shot benchmarks as lm-evaluation-harness frames them: items of (context, continuation) requests.
+"""Zero-shot benchmarks in lm-evaluation-harness's framing: items of (context, continuation) requests.
 
 Each benchmark item becomes one request per answer choice (multiple choice) or one request whose
 continuation is the target (LAMBADA's last word). Prompts follow lm-evaluation-harness's task
@@ -7,6 +7,22 @@ partial evaluation: the shared continuation after each filled-in context). Items
 files (the layout of `../shared/data/benchmarks`, see its PROVENANCE.md) or from a dataset hub
 (the datasets lm-evaluation-harness uses). Evaluation data is read here only: nothing in this
 module feeds calibration or distillation.
+
+Where the items differ from lm-evaluation-harness's (the README's "evaluate" bullet lists the rest):
+
+- hellaswag, local file: the file has `activity_label: ctx` with `ctx` = ctx_a + " " + ctx_b joined, so
+  lm-eval's `ctx_b.capitalize()` cannot be applied (the boundary is lost): the first item is scored as
+  "Roof shingle removal: A man is sitting on a roof. he" where lm-eval has "... roof. He" (and
+  `capitalize` also lower-cases the rest of ctx_b). The file was cleaned by its own extractor (drops
+  [header]/[step]/[substeps]/[title] tags, per field); lm-eval's `preprocess` is applied on top here, to
+  the query and to every ending, so the remaining [bracketed] spans go as in lm-eval, but the two cleaners
+  can disagree on a space or a full stop next to a removed tag (`x[title].`: lm-eval `x.`, the file `x`).
+  From the hub (`source=hub`) the query is built exactly as lm-eval builds it.
+- sciq_closedbook: SciQ's questions without the support passage (the local file has none; from the hub
+  the passage is dropped), prompt `Question: ...\\nAnswer:`; locally the choices keep the file's shuffled order. It is
+  not lm-eval's `sciq` and has no lm-eval task. `sciq` is lm-eval's (`{support}\\nQuestion: ...\\nAnswer:`,
+  the correct answer last) and has no local files: asking for it with source=local is a ConfigError that
+  names both ways out. `default_tasks(source)` picks the one the source can give.
 """
 
 from __future__ import annotations
@@ -26,13 +42,13 @@ DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"  # <r
 
 @dataclass(frozen=True)
 class Item:
-    """One benchmark item: request i is (contexts[i], continuations[i]); `choices[i]` is what acc_norm divides by."""
+    """One benchmark item: request i is (contexts[i], continuations[i]); acc_norm divides by `len(choices[i])` (characters)."""
 
     task: str
     index: int  # position in the source (file line / dataset row), stable across subsets
     contexts: tuple[str, ...]
     continuations: tuple[str, ...]
-    choices: tuple[str, ...]  # answer texts without the leading delimiter (acc_norm: UTF-8 bytes)
+    choices: tuple[str, ...]  # answer texts without the leading space, as lm-eval's doc_to_choice (acc_norm: characters)
     gold: int
 
 
@@ -46,12 +62,13 @@ class Task:
     name: str
     kind: Kind
     headline: str  # the metric the average uses: acc or acc_norm
-    files: tuple[str, ...]
-    read_local: Callable[[list[Path]], Iterator[dict[str, Any]]]
+    files: tuple[str, ...]  # empty: no local files (hub only)
+    read_local: Callable[[list[Path]], Iterator[dict[str, Any]]] | None
     hub: tuple[str, str | None, str]  # dataset id, config, split (as lm-evaluation-harness loads it)
-    from_local: Callable[[int, dict[str, Any]], Item]
+    from_local: Callable[[int, dict[str, Any]], Item] | None
     from_hub: Callable[[int, dict[str, Any]], Item]
-    lm_eval: str  # the task's name in lm-evaluation-harness
+    lm_eval: str | None  # the task's name in lm-evaluation-harness; None: it has no such task
+    not_local: str = ""  # why there are no local files (the ConfigError for source=local)
 
 
 # --------------------------------------------------------------------------- prompt helpers
@@ -146,9 +163,18 @@ def _hub_obqa(i: int, r: dict[str, Any]) -> Item:
     return _choice("openbookqa", i, r["question_stem"], list(r["choices"]["text"]), labels.index(r["answerKey"].strip()))
 
 
+def _sciq_choices(r: dict[str, Any]) -> list[str]:
+    return [r["distractor1"], r["distractor2"], r["distractor3"], r["correct_answer"]]  # gold: 3, as in lm-eval
+
+
 def _hub_sciq(i: int, r: dict[str, Any]) -> Item:
-    choices = [r["distractor1"], r["distractor2"], r["distractor3"], r["correct_answer"]]
-    return _choice("sciq", i, _question(r["question"]), choices, 3)  # closed book, like the local file
+    """lm-evaluation-harness's sciq: the support passage (left-stripped; empty for some rows), then the question."""
+    return _choice("sciq", i, f"{r['support'].lstrip()}\n{_question(r['question'])}", _sciq_choices(r), 3)
+
+
+def _hub_sciq_closedbook(i: int, r: dict[str, Any]) -> Item:
+    """The same questions without the support passage, as the local file has them."""
+    return _choice("sciq_closedbook", i, _question(r["question"]), _sciq_choices(r), 3)
 
 
 def _hub_lambada(i: int, r: dict[str, Any]) -> Item:
@@ -228,15 +254,30 @@ TASKS: dict[str, Task] = {
             "openbookqa",
         ),
         Task(
-            "sciq",
+            "sciq_closedbook",
             "choice",
             "acc_norm",
             ("benchmarks/sciq/sciq_test.jsonl",),
             _jsonl,
             ("allenai/sciq", None, "test"),
-            lambda i, r: _choice("sciq", i, _question(r["question"]), list(r["choices"]), r["gold"]),
+            lambda i, r: _choice("sciq_closedbook", i, _question(r["question"]), list(r["choices"]), r["gold"]),
+            _hub_sciq_closedbook,
+            None,
+        ),
+        Task(
+            "sciq",
+            "choice",
+            "acc_norm",
+            (),
+            None,
+            ("allenai/sciq", None, "test"),
+            None,
             _hub_sciq,
             "sciq",
+            not_local=(
+                "sciq: the local SciQ file (benchmarks/sciq/sciq_test.jsonl) has no support passage, which lm-evaluation-harness's "
+                "sciq prompt starts with; use sciq_closedbook (the same questions without it) or evaluate.source=hub for sciq"
+            ),
         ),
         Task(
             "lambada_openai",
@@ -253,12 +294,31 @@ TASKS: dict[str, Task] = {
 }
 
 
+def default_tasks(source: str) -> tuple[str, ...]:
+    """The eight benchmarks; SciQ as `sciq_closedbook` from local files (they have no support passage), else lm-eval's `sciq`."""
+    sciq = "sciq_closedbook" if source == "local" else "sciq"
+    return ("hellaswag", "piqa", "arc_easy", "arc_challenge", "winogrande", "openbookqa", sciq, "lambada_openai")
+
+
 def check_task_names(names: tuple[str, ...] | list[str], key: str = "evaluate.tasks") -> None:
     unknown = [n for n in names if n not in TASKS]
     if unknown or not names:
         raise ConfigError(
             f"{key}: unknown task(s) {unknown}; known: {sorted(TASKS)}" if unknown else f"{key} is empty; name some of {sorted(TASKS)}"
         )
+
+
+def check_source(names: tuple[str, ...] | list[str], source: str) -> None:
+    """ConfigError, one line, for a task `source` cannot give: local files it has none of, an lm-eval task it has none of."""
+    for name in names:
+        task = TASKS[name]
+        if source == "local" and not task.files:
+            raise ConfigError(task.not_local or f"{name} has no local files; use evaluate.source=hub")
+        if source == "lm-eval" and task.lm_eval is None:
+            raise ConfigError(
+                f"{name} has no lm-evaluation-harness task (lm-eval's sciq shows the support passage); "
+                "with evaluate.source=lm-eval use tasks=...,sciq instead"
+            )
 
 
 def data_dir(path: str | Path | None) -> Path:
@@ -279,6 +339,8 @@ def task_files(task: Task, root: Path) -> list[Path]:
 
 
 def _rows_local(task: Task, root: Path) -> list[dict[str, Any]]:
+    check_source([task.name], "local")
+    assert task.read_local is not None  # check_source: a task with files reads them
     return list(task.read_local(task_files(task, root)))
 
 
@@ -310,6 +372,7 @@ def load_items(name: str, source: str, root: Path, limit: int = 0, seed: int = 0
     task = TASKS[name]
     rows = _rows_local(task, root) if source == "local" else _rows_hub(task)
     convert = task.from_local if source == "local" else task.from_hub
+    assert convert is not None  # _rows_local: a task with files converts its rows
     items = []
     for i in subset(len(rows), limit, seed, name):
         try:

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
+from autocompress.config import build
 from autocompress.errors import ConfigError
 from autocompress.evaluate import (
     EvalSpec,
@@ -24,9 +25,9 @@ from autocompress.evaluate import (
     task_scores,
 )
 from autocompress.models import ByteTokenizer
-from autocompress.tasks import TASKS, Item, load_items, subset
+from autocompress.tasks import TASKS, Item, hellaswag_preprocess, load_items, subset
 
-from .conftest import SHARED_DATA
+from .conftest import CONF, SHARED_DATA
 
 needs_data = pytest.mark.skipif(not (SHARED_DATA / "benchmarks").is_dir(), reason=f"evaluation data not found at {SHARED_DATA}")
 # examples per file, as ../shared/data/PROVENANCE.md lists them
@@ -37,7 +38,7 @@ SIZES = {
     "arc_challenge": 1172,
     "winogrande": 1267,
     "openbookqa": 500,
-    "sciq": 1000,
+    "sciq_closedbook": 1000,
     "lambada_openai": 5153,
 }
 
@@ -71,12 +72,21 @@ def fixed_lm(**byte_probs: float) -> FixedLM:
 
 def test_acc_and_acc_norm_differ_where_they_should() -> None:
     item = Item("arc_easy", 0, ("Q",) * 2, (" a", " bbbbbbbbbb"), ("a", "bbbbbbbbbb"), gold=1)
-    # raw sums prefer the short answer; per byte the long one is better
+    # raw sums prefer the short answer; per character the long one is better
     assert choice_metrics(item, [-2.0, -5.0]) == {"acc": 0.0, "acc_norm": 1.0, "loglik": -5.0}
     assert choice_metrics(item, [-6.0, -5.0])["acc"] == 1.0
-    # bytes, not characters: "é" is 2 bytes
-    accented = Item("piqa", 0, ("Q",) * 2, (" éé", " abc"), ("éé", "abc"), gold=0)
-    assert choice_metrics(accented, [-3.9, -3.0])["acc_norm"] == 1.0  # -3.9/4 > -3.0/3
+
+
+def test_acc_norm_divides_by_characters_of_the_answer_without_its_space() -> None:
+    # lm-eval: lls / len(choice) over doc_to_choice's texts (characters, no target delimiter)
+    accented = Item("piqa", 0, ("Q",) * 2, (" éé", " abc"), ("éé", "abc"), gold=1)
+    # per character -3.9/2 < -3.0/3, so "abc"; per UTF-8 byte ("é" is 2) -3.9/4 > -3.0/3 would pick "éé"
+    assert choice_metrics(accented, [-3.9, -3.0])["acc_norm"] == 1.0
+    assert choice_metrics(accented, [-1.9, -3.0])["acc_norm"] == 0.0  # -0.95 > -1.0: the per-character rule both ways
+    # built as a task builds it: the leading space is in the continuation, not in what acc_norm divides by
+    arc = TASKS["arc_easy"].from_local(0, {"question": "Q?", "choices": ["a", "bb"], "gold": 1})
+    assert arc.continuations == (" a", " bb") and arc.choices == ("a", "bb")
+    assert choice_metrics(arc, [-2.0, -3.5])["acc_norm"] == 1.0  # -2/1 < -3.5/2; with the space: -2/2 > -3.5/3
 
 
 def test_known_log_likelihoods_score_as_lm_eval_defines() -> None:
@@ -147,11 +157,11 @@ def test_packed_choices_score_like_separate_forwards(tiny_model: Any, tmp_path: 
 
 def test_subsets_are_fixed_by_seed() -> None:
     assert subset(100, 10, 0, "piqa") == subset(100, 10, 0, "piqa") != subset(100, 10, 1, "piqa")
-    assert subset(100, 10, 0, "piqa") != subset(100, 10, 0, "sciq") and subset(5, 10, 0, "x") == list(range(5))
+    assert subset(100, 10, 0, "piqa") != subset(100, 10, 0, "sciq_closedbook") and subset(5, 10, 0, "x") == list(range(5))
 
 
 @needs_data
-@pytest.mark.parametrize("task", list(TASKS))
+@pytest.mark.parametrize("task", [t for t in TASKS if TASKS[t].files])
 def test_each_benchmark_file_parses(task: str) -> None:
     items = load_items(task, "local", SHARED_DATA)
     assert len(items) == SIZES[task]
@@ -167,10 +177,89 @@ def test_hub_rows_become_the_same_items_as_local_rows() -> None:
     assert arc == TASKS["arc_easy"].from_local(0, {"question": "Q?", "choices": ["x", "y"], "gold": 1})
     wino = TASKS["winogrande"].from_hub(0, {"sentence": "Ann beat Bob so _ won.", "option1": "Ann", "option2": "Bob", "answer": "1"})
     assert wino.contexts == ("Ann beat Bob so Ann", "Ann beat Bob so Bob") and wino.continuations == (" won.", " won.") and wino.gold == 0
-    sciq = TASKS["sciq"].from_hub(3, {"question": "Q?", "distractor1": "a", "distractor2": "b", "distractor3": "c", "correct_answer": "d"})
-    assert sciq.gold == 3 and sciq.contexts[0] == "Question: Q?\nAnswer:"
     lam = TASKS["lambada_openai"].from_hub(0, {"text": "he said hello"})
     assert lam.contexts == ("he said",) and lam.continuations == (" hello",)
+
+
+SCIQ_ROW = {"question": "Q?", "distractor1": "a", "distractor2": "b", "distractor3": "c", "correct_answer": "d", "support": " Cells."}
+
+
+def test_sciq_is_lm_evals_with_the_support_passage_and_sciq_closedbook_has_none() -> None:
+    sciq = TASKS["sciq"].from_hub(3, SCIQ_ROW)
+    # lm-eval's doc_to_text: "{{support.lstrip()}}\nQuestion: {{question}}\nAnswer:", choices d1 d2 d3 correct, gold 3
+    assert sciq.contexts == ("Cells.\nQuestion: Q?\nAnswer:",) * 4 and sciq.choices == ("a", "b", "c", "d") and sciq.gold == 3
+    assert TASKS["sciq"].from_hub(0, {**SCIQ_ROW, "support": ""}).contexts[0] == "\nQuestion: Q?\nAnswer:"
+    closed = TASKS["sciq_closedbook"].from_hub(3, SCIQ_ROW)
+    assert closed.task == "sciq_closedbook" and closed.contexts[0] == "Question: Q?\nAnswer:"
+    assert closed == TASKS["sciq_closedbook"].from_local(3, {"question": "Q?", "choices": ["a", "b", "c", "d"], "gold": 3})
+    assert TASKS["sciq"].lm_eval == "sciq" and TASKS["sciq_closedbook"].lm_eval is None
+
+
+def test_sciq_from_local_files_fails_in_one_line_naming_the_ways_out(tmp_path: Path) -> None:
+    for call in (lambda: load_items("sciq", "local", tmp_path), lambda: EvalSpec(tasks=("piqa", "sciq"))):
+        with pytest.raises(ConfigError, match=r"no support passage.*use sciq_closedbook.*evaluate\.source=hub") as err:
+            call()
+        assert "\n" not in str(err.value)
+    assert EvalSpec(tasks=("sciq",), source="hub").tasks == ("sciq",)
+    with pytest.raises(ConfigError, match="sciq_closedbook has no lm-evaluation-harness task"):
+        EvalSpec(tasks=("sciq_closedbook",), source="lm-eval")
+
+
+def test_cli_refuses_sciq_from_local_files_before_loading_a_model(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("hydra")
+    assert main(["no/such/checkpoint", "tasks=piqa,sciq"]) == 2  # the missing checkpoint would fail later, differently
+    err = capsys.readouterr().err
+    assert err.startswith("error: sciq: the local SciQ file") and err.count("\n") == 1 and "sciq_closedbook" in err
+
+
+def test_default_tasks_follow_the_source_sciq_closedbook_only_for_local_files() -> None:
+    yaml = pytest.importorskip("yaml")
+    conf = yaml.safe_load((CONF / "evaluate" / "default.yaml").read_text(encoding="utf-8"))
+    local, hub, harness = (build(EvalSpec, {**conf, "source": s}, "evaluate") for s in ("local", "hub", "lm-eval"))
+    assert local.tasks == EvalSpec().tasks and len(local.tasks) == 8 and "sciq_closedbook" in local.tasks and "sciq" not in local.tasks
+    assert all(TASKS[t].files for t in local.tasks)
+    assert hub.tasks == harness.tasks == tuple("sciq" if t == "sciq_closedbook" else t for t in local.tasks)
+    assert build(EvalSpec, {**conf, "tasks": ["piqa"]}, "evaluate").tasks == ("piqa",)
+
+
+HELLASWAG_LINES = [
+    "Roof shingle removal: A man is sitting on a roof. he",
+    "3",
+    "is using wrap to wrap a pair of skis.",
+    "  is ripping [substeps] level tiles off. ",
+    "is holding a rubik's cube.",
+    "starts pulling up roofing on a roof.",
+    "Family Life: How to entertain a toddler. Visit a site like [www.kiddio.org] to find activities. [title] Play.",
+    "0",
+    *["ends.", "stops.", "waits.", "goes."],
+]
+
+
+def test_hellaswag_local_file_gets_lm_evals_preprocess_and_keeps_ctx_b_as_written(tmp_path: Path) -> None:
+    path = tmp_path / "benchmarks" / "hellaswag" / "hellaswag_val_full.txt"
+    path.parent.mkdir(parents=True)
+    path.write_text("\n".join(HELLASWAG_LINES) + "\n", encoding="utf-8")
+    first, second = load_items("hellaswag", "local", tmp_path)
+    assert first.continuations[1] == " is ripping level tiles off."  # strip, [tag] dropped, double space squeezed
+    assert second.contexts[0] == "Family Life: How to entertain a toddler. Visit a site like to find activities.. Play."
+    assert hellaswag_preprocess(" a [title]b  [x]c ") == "a. b c"
+    # the known difference: lm-eval capitalises ctx_b, which the joined ctx of the local file cannot separate
+    hub = TASKS["hellaswag"].from_hub(
+        0,
+        {"activity_label": "Roof shingle removal", "ctx_a": "A man is sitting on a roof.", "ctx_b": "he"}
+        | {"endings": HELLASWAG_LINES[2:6], "label": "3"},
+    )
+    assert hub.contexts[0] == "Roof shingle removal: A man is sitting on a roof. He"
+    assert first.contexts[0] == "Roof shingle removal: A man is sitting on a roof. he"
+    assert first.continuations == hub.continuations and first.choices == hub.choices and first.gold == hub.gold == 3
+
+
+@needs_data
+def test_the_shared_hellaswag_file_is_cleaned_as_lm_eval_but_keeps_ctx_b_as_written() -> None:
+    items = load_items("hellaswag", "local", SHARED_DATA)
+    assert items[0].contexts[0] == "Roof shingle removal: A man is sitting on a roof. he"  # lm-eval: "... roof. He"
+    toddler = [it for it in items if "How to entertain a toddler." in it.contexts[0]]
+    assert toddler and all("[www." not in it.contexts[0] for it in toddler)  # the file keeps "[www.kiddio.org]"; lm-eval drops it
 
 
 def test_a_missing_file_names_it_and_the_option(tmp_path: Path) -> None:
