@@ -281,7 +281,7 @@ def test_rounding_beyond_fp32_tolerance_is_settled_in_float64(
     monkeypatch.setattr(export_mod, "LOGIT_ATOL", 0.0)  # every fp32 comparison fails: the float64 one must pass
     monkeypatch.setattr(export_mod, "float_64_difference", lambda *a: seen.append(real(*a)) or seen[-1])
     assert main([str(run_dir), f"trial={trial}", f"out={tmp_path / 'out'}"]) == 0, capsys.readouterr().err
-    ((diff, scale),) = seen
+    ((diff, _scale),) = seen
     assert diff <= export_mod.LOGIT_ATOL_FP64 and diff < 1e-9  # tiny models: float64 agrees closely
 
 
