@@ -1,11 +1,18 @@
-"""Does the search beat naive choices at equal predicted cost? And do scenarios give different shapes?
+"""Does the search beat baselines that could win, at the same predicted constraint? Report-split KL, no retraining.
 
-For each scenario: run the search with a few Lagrangian settings, build the uniform-fraction
-architecture (every dimension pruned by the same fraction, the largest that is feasible) and 20
-random feasible architectures grown to the constraint boundary; measure held-out KL (no
-retraining) of all of them on the same tokens. Writes JSON and prints Markdown tables.
+For each scenario: the search with a few Lagrangian settings (the one with the lowest
+selection-split KL is "searched"), and at the same absolute constraints under the same cost model:
+- homogeneous_full_kv: full hidden size and every head, one FFN width in all kept layers, the
+  fewest least-important blocks dropped that fit; the width with the lowest selection KL;
+- greedy: attention/FFN sublayers removed least important first until feasible;
+- cost_only: the search with its KL term off (the picked setting's Lagrangian, kl_weight=0);
+- argmax_before_repair: the picked search's most probable architecture before repair (may be
+  infeasible: its feasibility and every search's repair steps are recorded);
+- minitron: the ModelOpt mcore_minitron baseline (autocompress.minitron) at the same constraints.
+Every KL is on the report split; choices among candidates use the selection split only.
+Writes benchmarks/results/search_quality.json (the table) and --out (details); prints Markdown.
 
-    .venv/bin/python benchmarks/search_quality.py --scenario h100_batched --scenario rtx5070_coding
+    .venv/bin/python benchmarks/search_quality.py --scenario rtx5070_coding data.source=jsonl data.path=../shared/data/corpora/c4_sample
 """
 
 from __future__ import annotations
@@ -13,8 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import random
-import statistics
+import platform
 import time
 from pathlib import Path
 from typing import Any
@@ -22,10 +28,13 @@ from typing import Any
 import torch
 
 from autocompress.arch import Architecture
-from autocompress.baselines import random_feasible, uniform_architecture
+from autocompress.baselines import greedy_removal, homogeneous_full_kv, meets
 from autocompress.compose import compose_spec
 from autocompress.config import LagrangianSettings
+from autocompress.importance import sublayer_order
 from autocompress.masking import MaskedModel
+from autocompress.minitron import MinitronSpec, importance
+from autocompress.minitron import search as minitron_search
 from autocompress.prepare import prepare
 from autocompress.search import evaluate, run_search
 
@@ -34,78 +43,80 @@ SETTINGS = [
     LagrangianSettings(margin=0.1, dual_lr=0.5),
     LagrangianSettings(margin=0.0, dual_lr=0.5, seed=1),
 ]
+TABLE = ("searched", "homogeneous_full_kv", "greedy", "cost_only", "argmax_before_repair", "minitron")
 
 
 def shape(arch: Architecture) -> dict[str, Any]:
-    """Per-layer shape strings: attention 'KV heads' or '-', FFN width in units of 128 or '-'."""
+    """Per-layer shape strings: attention 'KV heads' or '-', FFN widths."""
     return {
         "hidden": arch.hidden_size,
+        "query_heads": arch.num_attention_heads,
         "attention": "".join(str(b.kv_heads) if b.kv_heads else "-" for b in arch.blocks),
         "ffn": [b.ffn for b in arch.blocks],
     }
 
 
-def bench_scenario(name: str, n_settings: int, n_random: int, overrides: list[str]) -> dict[str, Any]:
+def bench_scenario(name: str, n_settings: int, overrides: list[str]) -> dict[str, Any]:
     spec = compose_spec(f"+scenario={name}", *overrides)
     prep = prepare(spec, progress=False)
-    model, inputs, cm = prep.base.model, prep.inputs, prep.cost_model
-    masked = MaskedModel(model, prep.space, inputs.ranking)
-    n_eval = spec.search.eval_sequences
+    model, inputs, cm, space = prep.base.model, prep.inputs, prep.cost_model, prep.space
+    cons = inputs.constraints
+    masked = MaskedModel(model, space, inputs.ranking)
 
-    def held_out(arch: Architecture) -> dict[str, Any]:
-        kl, ppl = evaluate(model, masked, arch, inputs.heldout[:n_eval], inputs.teacher_heldout[:n_eval])
-        return {"kl": kl, "perplexity": ppl, "params": arch.num_params(), **cm.predict(arch), **shape(arch)}
+    def score(arch: Architecture, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        kl_sel, _ = evaluate(model, masked, arch, inputs.select, inputs.teacher_select)
+        kl, ppl = evaluate(model, masked, arch, inputs.report, inputs.teacher_report)
+        row = {"kl": kl, "kl_select": kl_sel, "perplexity": ppl, "params": arch.num_params(), "feasible": meets(cm, cons, arch)}
+        return row | cm.predict(arch) | shape(arch) | (extra or {})
 
-    out: dict[str, Any] = {
-        "scenario": name,
-        "constraints": {c.metric: c.value for c in inputs.constraints},
-        "base": held_out(prep.space.largest()),
-    }
-    out["searched"] = []
+    out: dict[str, Any] = {"scenario": name, "constraints": {c.metric: c.value for c in cons}, "cost_model": cm.id}
+    searches = []
     for settings in SETTINGS[:n_settings]:
-        start = time.time()
         res = run_search(model, inputs, cm, spec.search, settings)
-        row = held_out(res.architecture) | {
-            "settings": dataclasses.asdict(settings),
-            "feasible": res.all_feasible,
-            "search_s": time.time() - start,
-        }
-        out["searched"].append(row)
-        print(
-            f"{name}: searched {settings.margin=} {settings.dual_lr=} {settings.seed=}: kl={row['kl']:.3f} ({row['search_s']:.0f}s)",
-            flush=True,
-        )
-    uniform = uniform_architecture(prep.space, cm, inputs.constraints)
-    out["uniform"] = None if uniform is None else held_out(uniform)
-    rng = random.Random(0)
-    out["random"] = []
-    for _ in range(n_random):
-        arch = random_feasible(prep.space, cm, inputs.constraints, rng)
-        if arch is not None:
-            out["random"].append(held_out(arch))
+        searches.append((res, score(res.architecture, {"settings": dataclasses.asdict(settings), "repair_steps": res.repair_steps})))
+        print(f"{name}: searched {settings}: kl={searches[-1][1]['kl']:.3f} ({res.wall_s:.0f}s)", flush=True)
+    best_res, best = min(searches, key=lambda s: s[1]["kl_select"])
+    out["searches"] = [row for _, row in searches]
+    out["searched"] = best
+    assert best_res.argmax is not None
+    out["argmax_before_repair"] = score(best_res.argmax, {"repair_steps": best_res.repair_steps})
+    settings = LagrangianSettings(**best["settings"])
+    cost_only = run_search(model, inputs, cm, spec.search, settings, kl_weight=0.0)
+    out["cost_only"] = score(cost_only.architecture, {"repair_steps": cost_only.repair_steps})
+    imp = importance(model, inputs.calib[: spec.search.importance_sequences], progress=False)
+    homog = [score(a) for a in homogeneous_full_kv(space, imp.drop_order(), cm, cons)]
+    out["homogeneous_candidates"] = homog
+    out["homogeneous_full_kv"] = min(homog, key=lambda r: r["kl_select"]) if homog else None
+    greedy = greedy_removal(space, sublayer_order(model, inputs.calib[: spec.search.importance_sequences]), cm, cons)
+    out["greedy"] = None if greedy is None else score(greedy)
     masked.remove()
+    mt = minitron_search(model, space, cm, cons, inputs.calib, inputs.select, inputs.teacher_select, MinitronSpec(), progress=False)
+    mmask = MaskedModel(model, space, mt.ranking)
+    kl, ppl = evaluate(model, mmask, mt.best.arch, inputs.report, inputs.teacher_report)
+    mmask.remove()
+    out["minitron"] = {"kl": kl, "perplexity": ppl, "params": mt.best.params, "limits": mt.limits, "feasible": True, **shape(mt.best.arch)}
     return out
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
-    lines = [
-        "| scenario | searched KL (each setting) | best searched | uniform-fraction KL | random feasible KL (median of n) | base PPL |",
-        "|---|---|---|---|---|---|",
-    ]
+    lines = ["| scenario | " + " | ".join(TABLE) + " | repair steps per search |", "|---|" + "---|" * (len(TABLE) + 1)]
     for r in results:
-        kls = [s["kl"] for s in r["searched"]]
-        uni = "n/a" if r["uniform"] is None else f"{r['uniform']['kl']:.3f}"
-        rnd = [x["kl"] for x in r["random"]]
-        med = f"{statistics.median(rnd):.3f} (n={len(rnd)})" if rnd else "not run"
-        lines.append(
-            f"| {r['scenario']} | {', '.join(f'{k:.3f}' for k in kls)} | {min(kls):.3f} | {uni} | {med} | {r['base']['perplexity']:.2f} |"
-        )
-    lines += ["", "Per-layer shapes of the best searched architecture (attention: KV heads per layer, '-' = no-op; FFN width / 128):", ""]
+        cells = []
+        for key in TABLE:
+            row = r[key]
+            cells.append("n/a" if row is None else f"{row['kl']:.3f}" + ("" if row["feasible"] else " (infeasible)"))
+        steps = ", ".join(str(s["repair_steps"]) for s in r["searches"])
+        lines.append(f"| {r['scenario']} | " + " | ".join(cells) + f" | {steps} |")
+    lines += ["", "Shapes (attention: KV heads per layer, '-' = no-op; FFN width / 128):", ""]
     for r in results:
-        best = min(r["searched"], key=lambda s: s["kl"])
-        ffn = " ".join("-" if f == 0 else f"{f // 128}" for f in best["ffn"])
-        lines.append(f"- **{r['scenario']}** hidden {best['hidden']}, params {best['params'] / 1e6:.1f}M")
-        lines.append(f"  - attention `{best['attention']}`\n  - FFN `{ffn}`")
+        for key in ("searched", "homogeneous_full_kv", "minitron"):
+            row = r[key]
+            if row is not None:
+                ffn = " ".join("-" if f == 0 else f"{f // 128}" for f in row["ffn"])
+                lines.append(
+                    f"- **{r['scenario']} {key}**: hidden {row['hidden']}, {row['query_heads']} query heads, {row['params'] / 1e6:.1f}M"
+                )
+                lines.append(f"  - attention `{row['attention']}`; FFN `{ffn}`")
     return "\n".join(lines)
 
 
@@ -113,19 +124,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", action="append", required=True)
     parser.add_argument("--settings", type=int, default=len(SETTINGS), help="how many of the Lagrangian settings to search with")
-    parser.add_argument("--random", type=int, default=20, help="random feasible architectures per scenario")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/out/search_quality.json")
+    parser.add_argument("--table", default="benchmarks/results/search_quality.json")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. search.steps=24")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in line), "")
     results = []
     for name in args.scenario:
-        results.append(bench_scenario(name, args.settings, args.random, args.overrides))
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1))
+        start = time.time()
+        results.append(bench_scenario(name, args.settings, args.overrides) | {"wall_s": time.time() - start})
+        for path, data in ((Path(args.out), results), (Path(args.table), table(results, args, cpu))):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(data, indent=1))
     print(markdown(results))
+
+
+def table(results: list[dict[str, Any]], args: argparse.Namespace, cpu: str) -> dict[str, Any]:
+    """{scenario: {baseline: report-split KL (None where no architecture fits), ...}} plus how it was made."""
+    out: dict[str, Any] = {}
+    for r in results:
+        row: dict[str, Any] = {k: None if r[k] is None else r[k]["kl"] for k in TABLE}
+        row["argmax_before_repair_feasible"] = r["argmax_before_repair"]["feasible"]
+        row["repair_steps"] = [s["repair_steps"] for s in r["searches"]]
+        row["params"] = {k: None if r[k] is None else r[k]["params"] for k in TABLE}
+        row["minitron_limits"] = r["minitron"]["limits"]
+        row["wall_s"] = r["wall_s"]
+        out[r["scenario"]] = row
+    cmd = "benchmarks/search_quality.py " + " ".join(f"--scenario {s}" for s in args.scenario) + " " + " ".join(args.overrides)
+    out["_meta"] = {"command": cmd.strip(), "cpu": cpu, "machine": platform.machine(), "metric": "report-split KL, nats/token"}
+    return out
 
 
 if __name__ == "__main__":
