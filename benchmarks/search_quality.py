@@ -50,10 +50,9 @@ def bench_scenario(name: str, n_settings: int, n_random: int, overrides: list[st
     prep = prepare(spec, progress=False)
     model, inputs, cm = prep.base.model, prep.inputs, prep.cost_model
     masked = MaskedModel(model, prep.space, inputs.ranking)
-    n_eval = spec.search.eval_sequences
 
-    def held_out(arch: Architecture) -> dict[str, Any]:
-        kl, ppl = evaluate(model, masked, arch, inputs.heldout[:n_eval], inputs.teacher_heldout[:n_eval])
+    def held_out(arch: Architecture) -> dict[str, Any]:  # the report split: documents neither the search nor a selection saw
+        kl, ppl = evaluate(model, masked, arch, inputs.report, inputs.teacher_report)
         return {"kl": kl, "perplexity": ppl, "params": arch.num_params(), **cm.predict(arch), **shape(arch)}
 
     out: dict[str, Any] = {
