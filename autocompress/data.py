@@ -215,7 +215,11 @@ def load_token_data(spec: DataSpec, tokenizer: Any, splits: Collection[str] = SP
     docs, is_file = _documents(spec)
     parts = split_documents(len(docs), spec)
     counts = {"calib": spec.calib_sequences, "select": spec.select_sequences, "report": spec.report_sequences}
-    data = TokenData(*(torch.zeros(0, spec.seq_len, dtype=torch.long) for _ in SPLITS))
+
+    def empty() -> torch.Tensor:
+        return torch.zeros(0, spec.seq_len, dtype=torch.long)
+
+    data = TokenData(calib=empty(), select=empty(), report=empty())
     for name in SPLITS:
         data.split_documents[name] = len(parts[name])
         if name in splits:
