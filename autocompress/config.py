@@ -218,16 +218,20 @@ class SpaceSpec:
 
 @dataclass(frozen=True)
 class DataSpec:
-    """Calibration text: split into calibration and held-out sequences from disjoint documents."""
+    """Calibration text, split by document into calibration / selection / report windows (see autocompress.data)."""
 
     source: Literal["stdlib", "text", "jsonl", "hf"] = "stdlib"
-    path: str | None = None  # text/jsonl: file or directory; hf: dataset name or local path
+    path: str | None = None  # text: file or folder; jsonl: file or folder of *.jsonl; hf: dataset name or local path
     field: str = "text"  # jsonl / hf: the text column
     hf_config: str | None = None
     hf_split: str = "train"
     seq_len: int = 128
-    calib_sequences: int = 64
-    heldout_sequences: int = 16
+    calib_sequences: int = 48  # importance ranking and the search's distillation loss
+    select_sequences: int = 32  # choosing among candidates: Pareto front, Optuna objective, compare's pick, Minitron's top-k
+    report_sequences: int = 32  # every KL / perplexity printed or compared
+    select_share: float = 0.1  # share of the documents reserved for the selection split
+    report_share: float = 0.1  # share reserved for the report split; calibration gets the rest
+    windows_per_document: int = 4  # most windows one document gives a split (one each first, more only when documents run out)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -235,8 +239,16 @@ class DataSpec:
             raise ConfigError(f"data.source={self.source!r} is unknown; use stdlib, text, jsonl or hf")
         if self.source != "stdlib" and not self.path:
             raise ConfigError(f"data.path is required when data.source={self.source}")
-        for key in ("seq_len", "calib_sequences", "heldout_sequences"):
+        for key in ("seq_len", "calib_sequences", "select_sequences", "report_sequences", "windows_per_document"):
             _positive(f"data.{key}", getattr(self, key))
+        for key in ("select_share", "report_share"):
+            if not 0 < getattr(self, key) < 1:
+                raise ConfigError(f"data.{key} must be in (0, 1), got {getattr(self, key)!r}")
+        if self.select_share + self.report_share >= 1:
+            raise ConfigError(
+                f"data.select_share + data.report_share = {self.select_share + self.report_share:g} leaves no calibration "
+                "documents; keep their sum below 1"
+            )
 
 
 @dataclass(frozen=True)
@@ -267,7 +279,6 @@ class SearchSpec:
 
     steps: int = 40
     batch_size: int = 2  # sequences per step
-    eval_sequences: int = 16  # held-out sequences for the final KL / perplexity
     importance_sequences: int = 16  # calibration sequences for the importance ranking
     init_bias: float = 2.0  # initial logit advantage of the largest option (start near the teacher)
     straight_through: bool = False  # hard one-hot samples forward (else relaxed mixtures)
@@ -276,7 +287,7 @@ class SearchSpec:
     settings: LagrangianSettings = field(default_factory=LagrangianSettings)
 
     def __post_init__(self) -> None:
-        for key in ("steps", "batch_size", "eval_sequences", "importance_sequences"):
+        for key in ("steps", "batch_size", "importance_sequences"):
             _positive(f"search.{key}", getattr(self, key))
         _positive("search.threads", self.threads, allow_zero=True)
 

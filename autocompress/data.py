@@ -1,7 +1,12 @@
-"""Calibration text: documents from a source, tokenised into fixed-length calibration and held-out sequences.
+"""Calibration text: documents split three ways (calibration / selection / report), sampled as windows across many documents.
 
-Documents are shuffled with a fixed seed and split before tokenisation, so calibration and held-out
-sequences never come from the same document.
+The documents of a source are shuffled with `data.seed` and split by document, so no document feeds
+two splits: `calib` ranks the prunable units and drives the search, `select` picks among candidates
+(Pareto fronts, the Optuna objective, compare's trial, Minitron's top-k), and `report` gives every KL
+and perplexity that is printed or compared (so reported numbers carry no winner's curse). Each split
+is a set of `seq_len`-token windows, one per document at a random offset (up to
+`data.windows_per_document` per document when a split has too few documents); documents shorter than
+a window are concatenated with EOS between them before windowing.
 """
 
 from __future__ import annotations
@@ -9,7 +14,8 @@ from __future__ import annotations
 import json
 import random
 import sysconfig
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +24,29 @@ import torch
 from autocompress.config import DataSpec
 from autocompress.errors import ConfigError
 
-HELDOUT_SHARE = 0.2  # share of documents reserved for held-out sequences
+SPLITS: tuple[str, ...] = ("calib", "select", "report")
 
 
 @dataclass
 class TokenData:
-    calib: torch.Tensor  # [n_calib, seq_len] token ids
-    heldout: torch.Tensor  # [n_heldout, seq_len]
+    calib: torch.Tensor  # [n_calib, seq_len] token ids: importance ranking and search
+    select: torch.Tensor  # [n_select, seq_len]: choosing among candidates (Pareto front, Optuna, compare's pick)
+    report: torch.Tensor  # [n_report, seq_len]: every KL / perplexity printed or compared
+    documents: dict[str, list[int]] = field(default_factory=dict)  # split -> corpus indices of the documents its windows came from
+    split_documents: dict[str, int] = field(default_factory=dict)  # split -> documents the split was given
+    split_tokens: dict[str, int] = field(default_factory=dict)  # split -> tokens of the documents it read
+
+    def summary(self) -> str:
+        """One line: windows, documents used and tokens read per split."""
+        parts = []
+        for name in SPLITS:
+            rows = getattr(self, name)
+            if len(rows):
+                parts.append(
+                    f"{name} {len(rows)} x {rows.shape[1]} tokens from {len(self.documents.get(name, []))} of "
+                    f"{self.split_documents.get(name, 0)} documents ({self.split_tokens.get(name, 0):,} tokens read)"
+                )
+        return "; ".join(parts)
 
 
 def stdlib_documents() -> list[str]:
@@ -39,6 +61,26 @@ def _read_text_files(path: Path) -> list[str]:
     if path.is_dir():
         return sorted(str(p) for p in path.rglob("*") if p.is_file() and p.suffix in (".txt", ".md", ".py"))
     return [str(path)]
+
+
+def _jsonl_documents(path: Path, field_name: str) -> list[str]:
+    """The `field_name` of every JSON line of `path`, or of every *.jsonl file in folder `path` (sorted by name)."""
+    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+    if not files:
+        raise ConfigError(f"data.path={str(path)!r} is a folder without *.jsonl files; point it at a jsonl file or a folder of them")
+    docs = []
+    for file in files:
+        with file.open(encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if line.strip():
+                    try:
+                        row = json.loads(line)
+                    except ValueError as exc:
+                        raise ConfigError(f"{file}:{n} is not a JSON object ({exc}); data.source=jsonl needs one per line") from exc
+                    if not isinstance(row, dict) or field_name not in row:
+                        raise ConfigError(f"{file}:{n} has no field {field_name!r}; set data.field")
+                    docs.append(str(row[field_name]))
+    return docs
 
 
 def _documents(spec: DataSpec) -> tuple[list[str], bool]:
@@ -56,15 +98,7 @@ def _documents(spec: DataSpec) -> tuple[list[str], bool]:
             return files, True
         text = Path(files[0]).read_text(encoding="utf-8", errors="replace") if files else ""
         return [chunk for chunk in text.split("\n\n") if chunk.strip()], False  # paragraphs as documents
-    docs = []
-    with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if line.strip():
-                row = json.loads(line)
-                if spec.field not in row:
-                    raise ConfigError(f"{path}:{n} has no field {spec.field!r}; set data.field")
-                docs.append(str(row[spec.field]))
-    return docs, False
+    return _jsonl_documents(path, spec.field), False
 
 
 def _hf_documents(spec: DataSpec) -> list[str]:
@@ -83,33 +117,113 @@ def _read(doc: str, is_file: bool) -> str:
     return Path(doc).read_text(encoding="utf-8", errors="replace") if is_file else doc
 
 
-def _pack(docs: list[str], is_file: bool, tokenizer: Any, n: int, seq_len: int, what: str) -> torch.Tensor:
-    """Concatenate tokenised documents (EOS between them) and cut `n` sequences of `seq_len` tokens."""
-    need, ids = n * seq_len, []
+def split_documents(n_docs: int, spec: DataSpec) -> dict[str, list[int]]:
+    """Corpus indices of each split's documents, in a seeded random order; disjoint by construction.
+
+    Depends only on the number of documents, the seed and the shares (not on seq_len or the
+    sequence counts), so every tool that reads the same source sees the same three document sets.
+    """
+    order = list(range(n_docs))
+    random.Random(spec.seed).shuffle(order)
+    n_select, n_report = round(n_docs * spec.select_share), round(n_docs * spec.report_share)
+    for name, n in (("select", n_select), ("report", n_report), ("calib", n_docs - n_select - n_report)):
+        if n < 1:
+            raise ConfigError(
+                f"the source has {n_docs} document(s): the {name} split gets none (data.select_share={spec.select_share}, "
+                f"data.report_share={spec.report_share}); give more documents or change the shares"
+            )
+    return {"select": order[:n_select], "report": order[n_select : n_select + n_report], "calib": order[n_select + n_report :]}
+
+
+def _layout(n_tokens: int, seq_len: int, k: int, rng: random.Random) -> list[int]:
+    """`k` non-overlapping window offsets at random positions in a document of `n_tokens` tokens, in random order."""
+    slack = n_tokens - k * seq_len
+    cuts = sorted(rng.randint(0, slack) for _ in range(k))
+    offsets = [cut + i * seq_len for i, cut in enumerate(cuts)]
+    rng.shuffle(offsets)
+    return offsets
+
+
+def _windows(
+    docs: list[str], order: list[int], is_file: bool, tokenizer: Any, n: int, spec: DataSpec, name: str
+) -> tuple[torch.Tensor, list[int], int]:
+    """`n` windows of `spec.seq_len` tokens from the documents `order` (corpus indices), spread across as many documents as possible.
+
+    Pass 1 takes one window per document, at a random offset; documents shorter than a window are
+    concatenated (EOS between them) and windowed together. While windows are missing, later passes
+    take one more non-overlapping window from each document long enough, up to
+    `spec.windows_per_document`. Returns (windows, corpus indices of the documents used, tokens read).
+    """
+    seq_len = spec.seq_len
+    rng = random.Random(f"{spec.seed}:{name}")
     eos = getattr(tokenizer, "eos_token_id", None)
-    for doc in docs:
-        ids.extend(tokenizer.encode(_read(doc, is_file), add_special_tokens=False))
+    rows: list[list[int]] = []
+    used: set[int] = set()
+    long_docs: list[tuple[int, list[int], list[int]]] = []  # (corpus index, ids, remaining offsets)
+    pending: list[int] = []
+    pending_docs: list[int] = []
+    read = 0
+    for index in order:
+        if len(rows) >= n:
+            break
+        ids = tokenizer.encode(_read(docs[index], is_file), add_special_tokens=False)
         if eos is not None:
             ids.append(int(eos))
-        if len(ids) >= need:
-            break
-    if len(ids) < need:
+        read += len(ids)
+        if len(ids) >= seq_len:
+            k = min(spec.windows_per_document, len(ids) // seq_len)
+            offsets = _layout(len(ids), seq_len, k, rng)
+            rows.append(ids[offsets[0] : offsets[0] + seq_len])
+            used.add(index)
+            long_docs.append((index, ids, offsets[1:]))
+            continue
+        pending.extend(ids)
+        pending_docs.append(index)
+        if len(pending) >= seq_len:
+            start = rng.randint(0, len(pending) - seq_len)
+            rows.append(pending[start : start + seq_len])
+            used.update(pending_docs)
+            pending, pending_docs = [], []
+    while len(rows) < n and any(rest for _, _, rest in long_docs):
+        for index, ids, rest in long_docs:
+            if len(rows) >= n:
+                break
+            if rest:
+                offset = rest.pop()
+                rows.append(ids[offset : offset + seq_len])
+                used.add(index)
+    if len(rows) < n:
+        share = "lower data.select_share / data.report_share" if name == "calib" else f"raise data.{name}_share"
         raise ConfigError(
-            f"the calibration source holds only {len(ids)} tokens for the {what} split, {need} are needed "
-            f"({n} x {seq_len}); lower data.{what}_sequences or data.seq_len, or give more text"
+            f"the {name} split ({len(order)} documents, {read:,} tokens) yields only {len(rows)} windows of {seq_len} tokens "
+            f"(at most {spec.windows_per_document} per document), data.{name}_sequences={n} are needed; lower "
+            f"data.{name}_sequences or data.seq_len, raise data.windows_per_document, {share}, or give more text"
         )
-    return torch.tensor(ids[:need], dtype=torch.long).view(n, seq_len)
+    return torch.tensor(rows[:n], dtype=torch.long).view(n, seq_len), sorted(used), read
 
 
-def load_token_data(spec: DataSpec, tokenizer: Any) -> TokenData:
-    """Calibration and held-out token sequences from disjoint documents."""
+def load_token_data(spec: DataSpec, tokenizer: Any, splits: Collection[str] = SPLITS) -> TokenData:
+    """Calibration, selection and report windows from three disjoint document sets.
+
+    `splits`: which splits to tokenise; the others come back empty ([0, seq_len]). The document
+    split itself is always the same, so e.g. distillation's report windows share no document with
+    its calibration windows nor with a sweep's selection windows.
+    """
+    unknown = sorted(set(splits) - set(SPLITS))
+    if unknown:
+        raise ValueError(f"unknown split(s) {unknown}; use {SPLITS}")
     docs, is_file = _documents(spec)
-    if len(docs) < 2:
-        raise ConfigError(f"data source {spec.source!r} has {len(docs)} document(s); at least 2 are needed to split")
-    random.Random(spec.seed).shuffle(docs)
-    cut = max(1, int(len(docs) * HELDOUT_SHARE))
-    heldout_docs, calib_docs = docs[:cut], docs[cut:]
-    return TokenData(
-        calib=_pack(calib_docs, is_file, tokenizer, spec.calib_sequences, spec.seq_len, "calib"),
-        heldout=_pack(heldout_docs, is_file, tokenizer, spec.heldout_sequences, spec.seq_len, "heldout"),
-    )
+    parts = split_documents(len(docs), spec)
+    counts = {"calib": spec.calib_sequences, "select": spec.select_sequences, "report": spec.report_sequences}
+
+    def empty() -> torch.Tensor:
+        return torch.zeros(0, spec.seq_len, dtype=torch.long)
+
+    data = TokenData(calib=empty(), select=empty(), report=empty())
+    for name in SPLITS:
+        data.split_documents[name] = len(parts[name])
+        if name in splits:
+            rows, used, read = _windows(docs, parts[name], is_file, tokenizer, counts[name], spec, name)
+            setattr(data, name, rows)
+            data.documents[name], data.split_tokens[name] = used, read
+    return data

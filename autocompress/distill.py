@@ -50,7 +50,7 @@ class DistillSpec:
     temperature: float = 1.0
     hidden_weight: float = 0.0  # weight of the final-hidden-state term; 0 = logit KL only
     save_every: int = 16  # steps between resumable checkpoints
-    eval_sequences: int = 8  # held-out calibration sequences for the KL before and after
+    eval_sequences: int = 8  # report-split sequences of the calibration source for the KL before and after
     threads: int = 0  # torch threads; 0 = torch's default
     seed: int = 0
 
@@ -235,8 +235,10 @@ def distill(
     if spec.threads:
         torch.set_num_threads(spec.threads)
     steps, b = spec.steps, spec.batch_size
-    tokens = load_token_data(
-        dataclasses.replace(data, seq_len=spec.seq_len, calib_sequences=steps * b, heldout_sequences=spec.eval_sequences), tokenizer
+    tokens = load_token_data(  # trains on the calibration split, measures on the report split (documents no search selected on)
+        dataclasses.replace(data, seq_len=spec.seq_len, calib_sequences=steps * b, report_sequences=spec.eval_sequences),
+        tokenizer,
+        splits=("calib", "report"),
     )
     work = work_dir(out)
     expected = fingerprint(student_dir, spec, data)
@@ -253,7 +255,7 @@ def distill(
     opt = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), weight_decay=spec.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, spec))
     if state is None:
-        kl_before, first, log = heldout_kl(student, teacher, tokens.heldout), 0, []
+        kl_before, first, log = heldout_kl(student, teacher, tokens.report), 0, []
     else:
         student.load_state_dict(state["student"])
         opt.load_state_dict(state["optimizer"])
@@ -299,7 +301,7 @@ def distill(
             on_step(record)
     bar.close()
     student.eval()
-    kl_after = heldout_kl(student, teacher, tokens.heldout)
+    kl_after = heldout_kl(student, teacher, tokens.report)
     wall = time.time() - start_time
     summary = {
         "student": str(student_dir),

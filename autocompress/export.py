@@ -679,7 +679,7 @@ def export(req: ExportRequest) -> Exported:
             tokenizer.save_pretrained(tmp)
         check = None
         if req.verify:
-            ids = load_token_data(spec.data, tokenizer).heldout[:4]
+            ids = load_token_data(spec.data, tokenizer, splits=("report",)).report[:4]
             check, prompts, got = verify_export(tmp, model, space, ranking, arch, ids)
             check = vllm_check(tmp, arch, prompts, got, check) if req.vllm else check
         exported = Exported(req.out, fmt, arch, base, row, meta, spec, run_dir, tokenizer_saved, check)

@@ -227,7 +227,7 @@ def chosen_points(run: Run, limit: int = 12) -> pd.DataFrame:
     front = run.pareto[run.pareto["front_all"].astype(bool) & ~is_baseline(run.pareto)] if len(run.pareto) else run.pareto
     later = [c for c in run.trials.columns if c not in front.columns]  # e.g. measured costs written to trials only
     front = front.merge(run.trials[["trial_id", *later]], on="trial_id", how="left") if later else front
-    front = front.sort_values("kl").reset_index(drop=True)
+    front = front.sort_values(selection_quality(front)).reset_index(drop=True)
     if len(front) > limit:
         front = front.iloc[np.unique(np.linspace(0, len(front) - 1, limit).round().astype(int))].reset_index(drop=True)
     return front
@@ -250,11 +250,17 @@ def run_architectures(run: Run, limit: int = 12) -> ArchitectureInfo:
     return architecture_info(labels, archs, base)
 
 
+def selection_quality(df: pd.DataFrame) -> str:
+    """The column that picks among trials: `kl_select` (selection split), or `kl` for runs recorded before it existed."""
+    return "kl_select" if "kl_select" in df.columns and df["kl_select"].notna().any() else "kl"
+
+
 def best_point(run: Run) -> pd.Series | None:
-    """The chosen architecture of a run: the feasible search trial with the lowest KL."""
+    """The chosen architecture of a run: the feasible search trial with the lowest selection-split KL (its `kl` is reported)."""
     ok = searched(run.trials)
-    ok = ok[ok["feasible"].astype(bool) & ok["kl"].notna()]
-    return None if ok.empty else ok.sort_values("kl").iloc[0]
+    key = selection_quality(ok)
+    ok = ok[ok["feasible"].astype(bool) & ok[key].notna()]
+    return None if ok.empty else ok.sort_values(key).iloc[0]
 
 
 def compare_architectures(runs: Sequence[Run]) -> ArchitectureInfo:

@@ -27,7 +27,7 @@ class Prepared:
     space: SearchSpace
     cost_model: CostModel
     base_costs: dict[str, float]
-    base_perplexity: float  # held-out perplexity of the unpruned model, on the tokens trials use
+    base_perplexity: float  # report-split perplexity of the unpruned model (the tokens trials report on)
     inputs: SearchInputs
 
 
@@ -76,24 +76,27 @@ def prepare(spec: RunSpec, progress: bool = True, on_checked: Callable[[], Any] 
         "constraints: " + ", ".join(f"{c.describe()} -> {a.value:.4g}" for c, a in zip(spec.scenario.constraints, constraints, strict=True))
     )
     data = load_token_data(spec.data, base_model.tokenizer)
+    log(f"calibration text ({spec.data.source}): {data.summary()}")
     if on_checked is not None:
         on_checked()
     model = base_model.model
     ranking = rank_units(model, data.calib[: spec.search.importance_sequences], progress=progress)
     calib_hidden = teacher_hidden(model, data.calib, progress=progress, desc="teacher (calibration)")
-    held_hidden = teacher_hidden(model, data.heldout, progress=progress, desc="teacher (held-out)")
+    select_hidden = teacher_hidden(model, data.select, progress=progress, desc="teacher (selection)")
+    report_hidden = teacher_hidden(model, data.report, progress=progress, desc="teacher (report)")
     inputs = SearchInputs(
         space=space,
         ranking=ranking,
         calib=data.calib,
-        heldout=data.heldout,
+        select=data.select,
+        report=data.report,
         teacher_calib=calib_hidden.to(torch.float32),
-        teacher_heldout=held_hidden.to(torch.float32),
+        teacher_select=select_hidden.to(torch.float32),
+        teacher_report=report_hidden.to(torch.float32),
         constraints=constraints,
     )
-    n_eval = spec.search.eval_sequences
     masked = MaskedModel(model, space, ranking)
-    _, base_ppl = evaluate(model, masked, None, data.heldout[:n_eval], held_hidden[:n_eval])
+    _, base_ppl = evaluate(model, masked, None, data.report, report_hidden)
     masked.remove()
-    log(f"prepared in {time.time() - start:.0f}s; base model held-out perplexity {base_ppl:.2f}")
+    log(f"prepared in {time.time() - start:.0f}s; base model report-split perplexity {base_ppl:.2f}")
     return Prepared(base_model, space, cost_model, base_costs, base_ppl, inputs)

@@ -32,10 +32,12 @@ class SearchInputs:
 
     space: SearchSpace
     ranking: Ranking
-    calib: torch.Tensor  # [n, s] token ids
-    heldout: torch.Tensor  # [m, s]
+    calib: torch.Tensor  # [n, s] token ids: the search's distillation loss
+    select: torch.Tensor  # [m, s] selection split: what picks among trials (kl_select)
+    report: torch.Tensor  # [r, s] report split: the kl / perplexity that are reported
     teacher_calib: torch.Tensor  # [n, s, d] teacher final-norm hidden states
-    teacher_heldout: torch.Tensor  # [m, s, d]
+    teacher_select: torch.Tensor  # [m, s, d]
+    teacher_report: torch.Tensor  # [r, s, d]
     constraints: tuple[Constraint, ...]  # absolute bounds
 
 
@@ -44,12 +46,14 @@ class SearchResult:
     architecture: Architecture
     costs: dict[str, float]
     feasible: dict[str, bool]  # per constraint metric
-    kl: float  # held-out KL(teacher || student), nats per token, no retraining
-    perplexity: float  # held-out perplexity of the student
+    kl: float  # report split: KL(teacher || student), nats per token, no retraining
+    perplexity: float  # report split: perplexity of the student
     repair_steps: int  # downgrades applied after the search to meet the constraints
     wall_s: float
     argmax: Architecture | None = None  # the most probable architecture before repair
     history: list[dict[str, float]] = field(default_factory=list)
+    kl_select: float = math.nan  # selection split: KL(teacher || student), what picks among trials
+    perplexity_select: float = math.nan  # selection split: perplexity of the student
 
     @property
     def all_feasible(self) -> bool:
@@ -246,8 +250,8 @@ def run_search(
             return evaluate(model, masked, a, *probe)[0]
 
         arch, repairs = repair(arch, space, cost_model, cons, tuple(final), quality)
-        held = inputs.heldout[: spec.eval_sequences]
-        kl_held, ppl = evaluate(model, masked, arch, held, inputs.teacher_heldout[: spec.eval_sequences])
+        kl_select, ppl_select = evaluate(model, masked, arch, inputs.select, inputs.teacher_select)
+        kl_report, ppl_report = evaluate(model, masked, arch, inputs.report, inputs.teacher_report)
     finally:
         masked.remove()
     costs_final = cost_model.predict(arch)
@@ -255,10 +259,12 @@ def run_search(
         architecture=arch,
         costs=costs_final,
         feasible=feasibility(cons, costs_final),
-        kl=kl_held,
-        perplexity=ppl,
+        kl=kl_report,
+        perplexity=ppl_report,
         repair_steps=repairs,
         wall_s=time.time() - start,
         history=history,
         argmax=argmax,
+        kl_select=kl_select,
+        perplexity_select=ppl_select,
     )

@@ -30,7 +30,7 @@ from autocompress.compose import plain
 from autocompress.config import METRICS, Constraint, LagrangianSettings, RunSpec, run_spec_from_dict
 from autocompress.cost import CostModel
 from autocompress.errors import AutoCompressError, ConfigError
-from autocompress.pareto import COST_DIRECTIONS, pareto_frame
+from autocompress.pareto import COST_DIRECTIONS, QUALITY, pareto_frame
 from autocompress.prepare import Prepared, log, prepare
 from autocompress.raycluster import check_ray_address, fetch_dir, is_uri, mirror_files, start_ray, storage_join
 from autocompress.results import architecture_columns, feasibility_columns, trials_frame, write_json, write_parquet, write_text
@@ -141,7 +141,7 @@ def tune_space(definition: dict[str, Any], spec: RunSpec, run_dir: Path, done: l
     storage, name = optuna_storage(spec, run_dir)
     prior = _close_stale_trials(storage, name)  # a resumed study goes on; a fresh seed avoids repeating its samples
     searcher = OptunaSearch(
-        metric=["kl", objective], mode=["min", mode], seed=spec.search.settings.seed + prior, storage=storage, study_name=name
+        metric=[QUALITY, objective], mode=["min", mode], seed=spec.search.settings.seed + prior, storage=storage, study_name=name
     )
     return space, searcher, spec.sweep.num_trials - len(done)
 
@@ -158,7 +158,8 @@ def trial_row(
     row.update(architecture_columns(result.architecture))
     row.update({k: result.costs[k] for k in COST_DIRECTIONS})
     row.update(feasibility_columns(constraints, result.feasible))
-    row.update(kl=result.kl, perplexity=result.perplexity, repair_steps=result.repair_steps, wall_s=result.wall_s)
+    row.update(kl_select=result.kl_select, perplexity_select=result.perplexity_select, kl=result.kl, perplexity=result.perplexity)
+    row.update(repair_steps=result.repair_steps, wall_s=result.wall_s)
     row.update(cost_model=cost_model.id, cost_model_extrapolated=cost_model.extrapolates(result.architecture))
     return row
 
@@ -213,7 +214,8 @@ def _recorder(run: RunFolder, spec: RunSpec, rows: list[dict[str, Any]], total: 
             state = "feasible" if r.get("feasible") else "INFEASIBLE"
             self._add(r)
             log(
-                f"trial {len(rows)}/{total} {trial.trial_id}: {state} kl={r.get('kl', float('nan')):.4f} "
+                f"trial {len(rows)}/{total} {trial.trial_id}: {state} kl_select={r.get('kl_select', float('nan')):.4f} "
+                f"kl={r.get('kl', float('nan')):.4f} "
                 f"ppl={r.get('perplexity', float('nan')):.2f} params={r.get('params', 0) / 1e6:.1f}M {costs} ({r.get('wall_s', 0):.0f}s)"
             )
 
@@ -521,7 +523,7 @@ def print_summary(trials: Any, pareto: Any, run_dir: Path) -> None:
     feasible = int(trials["feasible"].sum())
     print(f"\n{len(trials)} trials: {ok} finished, {feasible} feasible, {len(pareto)} on a Pareto front")
     if not pareto.empty:
-        cols = ["trial_id", "margin", "dual_lr", "params", "kl", "perplexity", *COST_DIRECTIONS]
+        cols = ["trial_id", "margin", "dual_lr", "params", "kl_select", "kl", "perplexity", *COST_DIRECTIONS]
         table = pareto[cols].copy()
         table["params"] = (table["params"] / 1e6).round(1).astype(str) + "M"
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))

@@ -27,11 +27,11 @@ TINY = [
     "search.space.hidden_divisor=16",
     "search.space.ffn_divisor=32",
     "search.steps=6",
-    "search.eval_sequences=4",
     "search.importance_sequences=4",
     "data.seq_len=32",
     "data.calib_sequences=8",
-    "data.heldout_sequences=4",
+    "data.select_sequences=4",
+    "data.report_sequences=4",
 ]
 TINY_CPU = [*TINY, "scenario.constraints.tpot_ms=0.97x", "scenario.constraints.ttft_ms=0.9x"]
 

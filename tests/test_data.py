@@ -1,4 +1,4 @@
-"""Calibration data: sources, disjoint calibration / held-out split, clear errors."""
+"""Calibration data: sources, the three-way split by document, windows spread across documents, clear errors."""
 
 from __future__ import annotations
 
@@ -7,43 +7,172 @@ from pathlib import Path
 
 import pytest
 
-from autocompress.config import DataSpec
-from autocompress.data import load_token_data, stdlib_documents
+from autocompress.config import DataSpec, build
+from autocompress.data import SPLITS, load_token_data, split_documents, stdlib_documents
 from autocompress.errors import ConfigError
 from autocompress.models import ByteTokenizer
+
+C4 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "corpora" / "c4_sample"
+EOS = 0
+
+
+class WordTokenizer:
+    """Token id = 1 + position in a vocabulary of words: doc i is `d{i}w0 d{i}w1 ...`, so every id names its document and position."""
+
+    eos_token_id = EOS
+
+    def __init__(self) -> None:
+        self.vocab: dict[str, int] = {}
+        self.words: dict[int, str] = {}
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = []
+        for word in text.split():
+            if word not in self.vocab:
+                self.vocab[word] = len(self.vocab) + 1
+                self.words[self.vocab[word]] = word
+            ids.append(self.vocab[word])
+        return ids
+
+    def doc_and_position(self, token: int) -> tuple[int, int]:
+        doc, pos = self.words[token][1:].split("w")
+        return int(doc), int(pos)
+
+
+def synthetic(tmp_path: Path, n_docs: int = 200, lengths: tuple[int, ...] = (40, 90, 150)) -> Path:
+    """A jsonl corpus of `n_docs` distinct documents of varied lengths (in words = tokens)."""
+    path = tmp_path / "docs.jsonl"
+    rows = [json.dumps({"text": " ".join(f"d{i}w{j}" for j in range(lengths[i % len(lengths)]))}) for i in range(n_docs)]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def spec(path: Path, **kw: object) -> DataSpec:
+    base: dict[str, object] = dict(source="jsonl", path=str(path), seq_len=32, calib_sequences=40, select_sequences=12, report_sequences=12)
+    return DataSpec(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def window_docs(tok: WordTokenizer, rows: object) -> list[set[int]]:
+    """Per window, the documents its tokens come from (EOS excluded)."""
+    return [{tok.doc_and_position(int(t))[0] for t in row if int(t) != EOS} for row in rows]  # type: ignore[attr-defined]
+
+
+def test_splits_are_disjoint_by_document_and_span_many_documents(tmp_path: Path) -> None:
+    tok = WordTokenizer()
+    data = load_token_data(spec(synthetic(tmp_path)), tok)
+    assert (data.calib.shape, data.select.shape, data.report.shape) == ((40, 32), (12, 32), (12, 32))
+    seen = {name: set().union(*window_docs(tok, getattr(data, name))) for name in SPLITS}
+    assert not seen["calib"] & seen["select"] and not seen["calib"] & seen["report"] and not seen["select"] & seen["report"]
+    assert len(seen["calib"]) >= 35 and len(seen["select"]) >= 10 and len(seen["report"]) >= 10  # one window per document
+    assert all(seen[name] <= set(data.documents[name]) for name in SPLITS)  # the recorded provenance covers what is in the windows
+    parts = split_documents(200, spec(synthetic(tmp_path)))
+    assert (len(parts["select"]), len(parts["report"]), len(parts["calib"])) == (20, 20, 160)
+    assert "calib 40 x 32 tokens from" in data.summary()
+
+
+def test_windows_sit_at_random_offsets(tmp_path: Path) -> None:
+    tok = WordTokenizer()
+    data = load_token_data(spec(synthetic(tmp_path, lengths=(150,))), tok)
+    starts = [tok.doc_and_position(int(row[0]))[1] for row in data.calib]
+    assert len(set(starts)) > 10 and sum(s == 0 for s in starts) < len(starts) / 4
+
+
+def test_a_split_short_of_documents_takes_a_few_windows_per_document(tmp_path: Path) -> None:
+    tok = WordTokenizer()
+    data = load_token_data(spec(synthetic(tmp_path, n_docs=50, lengths=(150,)), select_sequences=15, windows_per_document=3), tok)
+    docs = [d for ds in window_docs(tok, data.select) for d in ds]
+    assert len(set(docs)) == 5 and max(docs.count(d) for d in set(docs)) == 3  # 5 select documents, at most 3 windows each
+    with pytest.raises(ConfigError, match=r"the select split .* data\.select_sequences=16 are needed; lower data\.select_sequences"):
+        load_token_data(spec(synthetic(tmp_path, n_docs=50, lengths=(150,)), select_sequences=16, windows_per_document=3), tok)
+
+
+def test_short_documents_are_concatenated(tmp_path: Path) -> None:
+    tok = WordTokenizer()
+    data = load_token_data(spec(synthetic(tmp_path, lengths=(10,)), calib_sequences=8, select_sequences=4, report_sequences=4), tok)
+    assert all(len(d) >= 3 for d in window_docs(tok, data.calib))  # 11 tokens per document (EOS included): three or more per window
+    assert (data.calib == EOS).sum() >= 8 * 2
+
+
+def test_deterministic_for_a_seed_and_different_for_another(tmp_path: Path) -> None:
+    path = synthetic(tmp_path)
+    a, b = load_token_data(spec(path), WordTokenizer()), load_token_data(spec(path), WordTokenizer())
+    assert all((getattr(a, n) == getattr(b, n)).all() for n in SPLITS) and a.documents == b.documents
+    c = load_token_data(spec(path, seed=1), WordTokenizer())
+    assert c.documents["select"] != a.documents["select"] and c.documents["report"] != a.documents["report"]
+    assert split_documents(200, spec(path)) != split_documents(200, spec(path, seed=1))
+
+
+def test_the_document_split_does_not_depend_on_window_sizes(tmp_path: Path) -> None:
+    path = synthetic(tmp_path)
+    assert split_documents(200, spec(path)) == split_documents(200, spec(path, seq_len=64, calib_sequences=3))
+    only = load_token_data(spec(path), WordTokenizer(), splits=("calib", "report"))
+    assert only.select.shape == (0, 32) and only.report.shape == (12, 32)
+
+
+def test_jsonl_folder_reads_every_file(tmp_path: Path) -> None:
+    tok = WordTokenizer()
+    for part in range(2):
+        (tmp_path / f"part{part}.jsonl").write_text(
+            "\n".join(json.dumps({"text": " ".join(f"d{100 * part + i}w{j}" for j in range(40))}) for i in range(100))
+        )
+    data = load_token_data(spec(tmp_path), tok)
+    docs = set().union(*window_docs(tok, data.calib))
+    assert any(d < 100 for d in docs) and any(d >= 100 for d in docs)
+    assert sum(data.split_documents.values()) == 200
 
 
 def test_stdlib_is_the_default_corpus() -> None:
     docs = stdlib_documents()
     assert len(docs) > 100 and all(d.endswith(".py") for d in docs)
-    data = load_token_data(DataSpec(seq_len=32, calib_sequences=6, heldout_sequences=3), ByteTokenizer())
-    assert data.calib.shape == (6, 32) and data.heldout.shape == (3, 32)
-    again = load_token_data(DataSpec(seq_len=32, calib_sequences=6, heldout_sequences=3), ByteTokenizer())
-    assert (data.calib == again.calib).all()  # fixed seed
-
-
-def test_jsonl_split_is_disjoint(tmp_path: Path) -> None:
-    path = tmp_path / "docs.jsonl"
-    path.write_text("\n".join(json.dumps({"body": f"document {i} " + chr(65 + i % 26) * 40}) for i in range(20)))
-    data = load_token_data(
-        DataSpec(source="jsonl", path=str(path), field="body", seq_len=16, calib_sequences=4, heldout_sequences=2), ByteTokenizer()
-    )
-    calib = {bytes(r.tolist()) for r in data.calib}
-    held = {bytes(r.tolist()) for r in data.heldout}
-    assert not calib & held
+    small = DataSpec(seq_len=32, calib_sequences=6, select_sequences=3, report_sequences=3)
+    data = load_token_data(small, ByteTokenizer())
+    assert data.calib.shape == (6, 32) and data.select.shape == (3, 32) and data.report.shape == (3, 32)
+    assert len(data.documents["calib"]) == 6  # one window per file
+    again = load_token_data(small, ByteTokenizer())
+    assert (data.calib == again.calib).all() and (data.report == again.report).all()  # fixed seed
 
 
 def test_text_file_and_errors(tmp_path: Path) -> None:
     path = tmp_path / "corpus.txt"
     path.write_text("\n\n".join(f"paragraph {i} " * 20 for i in range(30)))
-    data = load_token_data(DataSpec(source="text", path=str(path), seq_len=32, calib_sequences=4, heldout_sequences=2), ByteTokenizer())
+    data = load_token_data(
+        DataSpec(source="text", path=str(path), seq_len=32, calib_sequences=4, select_sequences=2, report_sequences=2), ByteTokenizer()
+    )
     assert data.calib.shape == (4, 32)
     with pytest.raises(ConfigError, match=r"lower data\.calib_sequences"):
-        load_token_data(DataSpec(source="text", path=str(path), seq_len=512, calib_sequences=400, heldout_sequences=2), ByteTokenizer())
+        load_token_data(DataSpec(source="text", path=str(path), seq_len=512, calib_sequences=400), ByteTokenizer())
+    with pytest.raises(ConfigError, match=r"the report split gets none .*data\.report_share"):
+        load_token_data(DataSpec(source="text", path=str(path), report_share=0.01), ByteTokenizer())
     with pytest.raises(ConfigError, match="does not exist"):
         load_token_data(DataSpec(source="text", path=str(tmp_path / "missing.txt")), ByteTokenizer())
     with pytest.raises(ConfigError, match="has no field"):
         (tmp_path / "x.jsonl").write_text('{"a": 1}\n{"a": 2}\n')
         load_token_data(DataSpec(source="jsonl", path=str(tmp_path / "x.jsonl")), ByteTokenizer())
+    with pytest.raises(ConfigError, match=r"without \*\.jsonl"):
+        (tmp_path / "empty").mkdir()
+        load_token_data(DataSpec(source="jsonl", path=str(tmp_path / "empty")), ByteTokenizer())
     with pytest.raises(ConfigError, match=r"data\.path is required"):
         DataSpec(source="jsonl")
+
+
+def test_config_keys_fail_fast() -> None:
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) data\.heldout_sequences; known: .*report_sequences.*select_sequences"):
+        build(DataSpec, {"heldout_sequences": 8}, "data")
+    with pytest.raises(ConfigError, match=r"data\.select_share \+ data\.report_share = 1 leaves no calibration"):
+        DataSpec(select_share=0.5, report_share=0.5)
+    with pytest.raises(ConfigError, match=r"data\.report_share must be in \(0, 1\)"):
+        DataSpec(report_share=0)
+    with pytest.raises(ConfigError, match=r"data\.windows_per_document must be > 0"):
+        DataSpec(windows_per_document=0)
+
+
+@pytest.mark.skipif(not C4.is_dir(), reason=f"{C4} is absent (shared evaluation data)")
+def test_c4_sample_folder_at_the_defaults() -> None:
+    data = load_token_data(DataSpec(source="jsonl", path=str(C4)), ByteTokenizer())
+    assert sum(data.split_documents.values()) == 2000
+    assert (data.split_documents["select"], data.split_documents["report"]) == (200, 200)
+    for name in SPLITS:
+        rows = getattr(data, name)
+        assert len(data.documents[name]) >= 0.9 * len(rows)  # about one document per window
+    assert not set(data.documents["calib"]) & set(data.documents["select"])
+    assert not set(data.documents["select"]) & set(data.documents["report"])

@@ -18,7 +18,7 @@ from autocompress.export import write_weights
 from autocompress.importance import rank_units
 from autocompress.models import ByteTokenizer
 
-DATA = DataSpec(seq_len=32, calib_sequences=4, heldout_sequences=4)
+DATA = DataSpec(seq_len=32, calib_sequences=4, report_sequences=4)
 SPEC = DistillSpec(tokens=12 * 4 * 32, seq_len=32, batch_size=4, lr=3e-3, warmup_steps=2, save_every=4, eval_sequences=4)
 
 

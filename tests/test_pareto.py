@@ -25,7 +25,8 @@ def test_pareto_frame_keeps_only_feasible_finished_fronts() -> None:
             "trial_id": list("abcde"),
             "status": ["ok", "ok", "ok", "error", "ok"],
             "feasible": [True, True, False, False, True],
-            "kl": [0.1, 0.2, 0.05, np.nan, 0.3],
+            "kl_select": [0.1, 0.2, 0.05, np.nan, 0.3],
+            "kl": [0.25, 0.1, 0.0, np.nan, 0.05],  # the report split: on it, e would beat a and b; fronts must not use it
             "ttft_ms": [10, 8, 1, np.nan, 9],
             "tpot_ms": [1, 1, 1, np.nan, 1],
             "throughput_tok_s": [100, 100, 500, np.nan, 100],
@@ -33,7 +34,7 @@ def test_pareto_frame_keeps_only_feasible_finished_fronts() -> None:
         }
     )
     front = pareto_frame(trials)
-    assert front["trial_id"].tolist() == ["a", "b"]  # c infeasible, d failed, e dominated by b
+    assert front["trial_id"].tolist() == ["a", "b"]  # c infeasible, d failed, e dominated by b (on kl_select)
     assert front["front_ttft_ms"].tolist() == [True, True]
     assert not front["front_tpot_ms"].iloc[1]  # on TPOT alone, b (0.2) is beaten by a (0.1)
     assert pareto_frame(trials.assign(feasible=False)).empty

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import types
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,9 @@ def _arch(hidden: int, kv: list[int], ffn: list[int]) -> str:
 def _row(trial_id: str, kl: float, ttft: float, feasible: bool = True, **extra: object) -> dict[str, object]:
     arch = Architecture.from_json(_arch(64, [2, 0, 1], [96, 32, 0]))
     row: dict[str, object] = {"trial_id": trial_id, "status": "ok", "error": "", **results.architecture_columns(arch)}
-    row.update(kl=kl, perplexity=float(np.exp(kl + 3)), ttft_ms=ttft, tpot_ms=ttft / 10, throughput_tok_s=1000 / ttft, memory_gib=1.0)
+    row.update(
+        kl_select=kl, kl=kl, perplexity=float(np.exp(kl + 3)), ttft_ms=ttft, tpot_ms=ttft / 10, throughput_tok_s=1000 / ttft, memory_gib=1.0
+    )
     row.update(feasible=feasible, feasible_ttft_ms=feasible, cost_model="analytic/cpu/v1", seed=0)
     row.update(extra)
     return row
@@ -258,3 +261,13 @@ def test_earlier_report_folders_are_skipped(tmp_path: Path, capsys: pytest.Captu
     assert "skipping report folders" in capsys.readouterr().err
     with pytest.raises(RunFolderError, match="only report folders"):
         without_reports([report])
+
+
+def test_best_point_is_picked_on_the_selection_split() -> None:
+    trials = pd.DataFrame(
+        {"trial_id": ["a", "b", "c"], "status": "ok", "feasible": [True, True, False], "kl_select": [0.2, 0.3, 0.1], "kl": [0.25, 0.2, 0.0]}
+    )
+    best = figures.best_point(types.SimpleNamespace(trials=trials))  # type: ignore[arg-type]
+    assert best is not None and best["trial_id"] == "a"  # b has the lower report KL, but trials are never picked on it
+    old = figures.best_point(types.SimpleNamespace(trials=trials.drop(columns="kl_select")))  # type: ignore[arg-type]
+    assert old is not None and old["trial_id"] == "b"  # runs recorded before kl_select: kl

@@ -41,6 +41,8 @@ def test_search_ends_feasible(prepared, settings: LagrangianSettings) -> None:  
     costs = p.cost_model.predict(result.architecture)
     assert all(c.satisfied(costs[c.metric]) for c in p.inputs.constraints)
     assert result.kl >= 0 and result.perplexity > 1
+    assert result.kl_select >= 0 and result.perplexity_select > 1
+    assert result.perplexity_select != result.perplexity  # the selection and report splits are different text
     if settings.dual_lr == 0:
         assert all(s[f"lambda_{c.metric}"] == settings.lambda_init for s in steps for c in p.inputs.constraints)
     else:
