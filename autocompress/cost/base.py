@@ -35,7 +35,8 @@ class ArchDistribution:
         return out
 
     def to(self, dtype: torch.dtype) -> ArchDistribution:
-        return ArchDistribution(*(None if t is None else t.to(dtype) for t in (self.hidden, self.attention, self.ffn, self.heads)))
+        heads = None if self.heads is None else self.heads.to(dtype)
+        return ArchDistribution(self.hidden.to(dtype), self.attention.to(dtype), self.ffn.to(dtype), heads)
 
     @staticmethod
     def one_hot(space: SearchSpace, arch: Architecture) -> ArchDistribution:
