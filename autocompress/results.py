@@ -34,6 +34,7 @@ TRIAL_SCHEMA: dict[str, tuple[str, str]] = {
     "seed": ("int64", "search seed"),
     "architecture": ("string", "architecture as JSON (hidden_size, block_configs in nemotron-nas form)"),
     "hidden_size": ("int64", "global hidden size"),
+    "num_attention_heads": ("int64", "global query-head count"),
     "num_attention_kept": ("int64", "layers whose attention is kept"),
     "num_ffn_kept": ("int64", "layers whose FFN is kept"),
     "mean_kv_heads": ("float64", "KV heads per layer, averaged over all layers (no-op = 0)"),
@@ -67,6 +68,7 @@ def architecture_columns(arch: Architecture) -> dict[str, Any]:
     return {
         "architecture": arch.to_json(),
         "hidden_size": arch.hidden_size,
+        "num_attention_heads": arch.num_attention_heads,
         "num_attention_kept": sum(b.kv_heads > 0 for b in arch.blocks),
         "num_ffn_kept": sum(b.ffn > 0 for b in arch.blocks),
         "mean_kv_heads": sum(b.kv_heads for b in arch.blocks) / n,

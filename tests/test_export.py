@@ -361,7 +361,8 @@ def test_vllm_serves_exported_heterogeneous_checkpoint(tmp_path: Path) -> None:
     model = varied_tiny_model()
     base = Architecture.from_llama_config(model.config)
     space = SearchSpace.from_base(base, SpaceSpec(hidden_divisor=16, ffn_divisor=32, min_hidden_fraction=0.25))
-    arch = Architecture(**{**base.__dict__, "hidden_size": 96, "blocks": (Block(1, 64), Block(0, 96), Block(2, 0))})
+    blocks = (Block(1, 64), Block(0, 96), Block(2, 0))
+    arch = Architecture(**{**base.__dict__, "hidden_size": 96, "num_attention_heads": 2, "blocks": blocks})  # 1 query head per KV group
     ranking = rank_units(model, torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(0)), progress=False)
     out = write_checkpoint(arch, tmp_path / "ck", model.config, pruned_state_dict(model, arch, ranking))
     exported = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32).eval()
