@@ -41,7 +41,7 @@ from autocompress.evaluate import EvalResult, EvalSpec
 from autocompress.minitron import MinitronSpec
 from autocompress.prepare import log
 from autocompress.results import load_run, write_json, write_parquet, write_text
-from autocompress.tasks import DEFAULT_DATA_DIR, TASKS
+from autocompress.tasks import TASKS, evaluation_paths
 
 COSTS = ("ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gib")
 MEASURED = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "throughput_tok_s": "throughput_tok_s", "memory_gib": "peak_gib"}
@@ -380,7 +380,7 @@ def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stag
 
     spec = ctx.spec
     dkey = {"distill": dataclasses.asdict(job.distill), "data": dataclasses.asdict(spec.data), "teacher": dataclasses.asdict(spec.model)}
-    forbid = (DEFAULT_DATA_DIR, *([Path(job.evaluate.data_dir)] if job.evaluate.data_dir else []))
+    forbid = (*evaluation_paths(), *evaluation_paths(job.evaluate.data_dir, job.evaluate.corpus))
     ekey = {"evaluate": dataclasses.asdict(job.evaluate), "model": dataclasses.asdict(spec.model)}
     for seed in job.compare.seeds:
         dspec = dataclasses.replace(job.distill, seed=seed)

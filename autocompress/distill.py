@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from autocompress.config import DataSpec, ModelSpec, build
 from autocompress.data import load_token_data
 from autocompress.errors import ConfigError
-from autocompress.tasks import DEFAULT_DATA_DIR
+from autocompress.tasks import DEFAULT_CORPUS, evaluation_paths
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
@@ -82,16 +82,16 @@ class DistillResult:
 
 
 def check_not_evaluation_data(data: DataSpec, evaluation_dirs: tuple[Path, ...]) -> None:
-    """Refuse distillation text inside an evaluation-data folder (benchmarks must never be trained on)."""
+    """Refuse distillation text that is, lies in, or contains evaluation data (benchmarks must never be trained on)."""
     if data.source in ("stdlib", "hf") or data.path is None:
         return
     path = Path(data.path).expanduser().resolve()
     for folder in evaluation_dirs:
         folder = folder.expanduser().resolve()
-        if path == folder or folder in path.parents:
+        if path == folder or folder in path.parents or path in folder.parents:
             raise ConfigError(
-                f"data.path={data.path} lies in the evaluation data ({folder}); distil on calibration text instead "
-                "(the default data.source=stdlib, or your own corpus outside that folder)"
+                f"data.path={data.path} lies in or holds the evaluation data ({folder}); distil on calibration text instead "
+                "(the default data.source=stdlib, ../shared/data/corpora/c4_sample, or your own corpus)"
             )
 
 
@@ -218,7 +218,7 @@ def distill(
     resume: bool = True,
     progress: bool = True,
     on_step: Callable[[dict[str, float]], None] | None = None,
-    evaluation_dirs: tuple[Path, ...] = (DEFAULT_DATA_DIR,),
+    evaluation_dirs: tuple[Path, ...] = evaluation_paths(),
 ) -> DistillResult:
     """Distil the checkpoint in `student_dir` from `teacher` (a loaded, frozen model) into `out`.
 
@@ -354,8 +354,8 @@ def _distill_command(args: list[str]) -> None:
         raise ConfigError(f"{student} is not a checkpoint folder (no config.json); export one with python -m autocompress.export")
     teacher = load_checkpoint(cmd.options.get("teacher", BASE), base)
     overwrite, resume = (flag(k, cmd.options.get(k, default)) for k, default in (("overwrite", "false"), ("resume", "true")))
-    eval_dir = (cmd.config.get("evaluate") or {}).get("data_dir")
-    forbid = (DEFAULT_DATA_DIR, *([Path(eval_dir)] if eval_dir else []))
+    ev = cmd.config.get("evaluate") or {}
+    forbid = (*evaluation_paths(), *evaluation_paths(ev.get("data_dir"), ev.get("corpus", DEFAULT_CORPUS)))
     out = Path(cmd.options["out"])
     res = distill(student, out, teacher.model, teacher.tokenizer, data, spec, overwrite, resume, evaluation_dirs=forbid)
     resumed = f" (resumed at step {res.resumed_from})" if res.resumed_from else ""

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from autocompress.config import ModelSpec, build
 from autocompress.errors import ConfigError
-from autocompress.tasks import TASKS, Item, check_source, check_task_names, data_dir, default_tasks, load_items
+from autocompress.tasks import DEFAULT_CORPUS, TASKS, Item, check_source, check_task_names, data_dir, default_tasks, load_items
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class EvalSpec:
     seed: int = 0
     source: Literal["local", "hub", "lm-eval"] = "local"
     data_dir: str | None = None  # null = <repo>/../shared/data
-    corpus: str | None = "corpora/tinyshakespeare.txt"  # relative to data_dir, or absolute; null = no corpus perplexity
+    corpus: str | None = DEFAULT_CORPUS  # relative to data_dir, or absolute; null = no corpus perplexity
     corpus_seq_len: int = 512
     corpus_windows: int = 32  # fixed-seed subset of the corpus's disjoint windows; 0 = all
     batch_tokens: int = 4096  # padded tokens per forward

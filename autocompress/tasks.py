@@ -38,6 +38,19 @@ from typing import Any, Literal
 from autocompress.errors import ConfigError
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"  # <repo>/../shared/data
+DEFAULT_CORPUS = "corpora/tinyshakespeare.txt"  # the perplexity corpus, relative to the data folder
+
+
+def evaluation_paths(data_dir: str | Path | None = None, corpus: str | None = DEFAULT_CORPUS) -> tuple[Path, ...]:
+    """What evaluation reads from a data folder (its benchmarks and its perplexity corpus): never distillation text.
+
+    The folder's other corpora (e.g. corpora/c4_sample, for calibration and distillation) are not evaluation data.
+    """
+    root = Path(data_dir) if data_dir else DEFAULT_DATA_DIR
+    paths = [root / "benchmarks"]
+    if corpus:
+        paths.append(Path(corpus) if Path(corpus).is_absolute() else root / corpus)
+    return tuple(paths)
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,12 @@ from safetensors.torch import load_file
 
 from autocompress.arch import Architecture, Block
 from autocompress.config import DataSpec
-from autocompress.distill import DistillSpec, distill, kl_loss, lr_factor, main, work_dir
+from autocompress.distill import DistillSpec, check_not_evaluation_data, distill, kl_loss, lr_factor, main, work_dir
 from autocompress.errors import ConfigError
 from autocompress.export import write_weights
 from autocompress.importance import rank_units
 from autocompress.models import ByteTokenizer
+from autocompress.tasks import evaluation_paths
 
 DATA = DataSpec(seq_len=32, calib_sequences=4, report_sequences=4)
 SPEC = DistillSpec(tokens=12 * 4 * 32, seq_len=32, batch_size=4, lr=3e-3, warmup_steps=2, save_every=4, eval_sequences=4)
@@ -92,10 +93,17 @@ def test_evaluation_data_is_never_distillation_text(tiny_model: Any, student: Pa
     bench = tmp_path / "shared" / "data"
     (bench / "benchmarks").mkdir(parents=True)
     (bench / "benchmarks" / "piqa.txt").write_text("x " * 1000)
-    text = DataSpec(source="text", path=str(bench / "benchmarks"), seq_len=32)
-    with pytest.raises(ConfigError, match="lies in the evaluation data"):
-        distill(student, tmp_path / "out", tiny_model, ByteTokenizer(), text, SPEC, progress=False, evaluation_dirs=(bench,))
+    (bench / "corpora").mkdir()
+    (bench / "corpora" / "tinyshakespeare.txt").write_text("y " * 1000)
+    forbid = evaluation_paths(bench)
+    for path in (bench / "benchmarks", bench, bench / "corpora" / "tinyshakespeare.txt"):  # in it, holding it, the corpus
+        text = DataSpec(source="text", path=str(path), seq_len=32)
+        with pytest.raises(ConfigError, match="lies in or holds the evaluation data"):
+            distill(student, tmp_path / "out", tiny_model, ByteTokenizer(), text, SPEC, progress=False, evaluation_dirs=forbid)
     assert not (tmp_path / "out").exists()
+    c4 = bench / "corpora" / "c4_sample"  # the calibration corpus beside them is allowed
+    c4.mkdir()
+    check_not_evaluation_data(DataSpec(source="jsonl", path=str(c4)), forbid)
 
 
 def test_loss_and_schedule() -> None:
