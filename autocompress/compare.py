@@ -102,12 +102,14 @@ def paired_bootstrap(
 
     `a` and `b` are items tables, or one per distillation seed. The point estimate averages over
     seeds; the 95% percentile interval resamples the items within each benchmark (the same items
-    for a and b) and, per resample, one seed of a and one of b (the same seeds for every benchmark),
-    so it covers seed variation as well as item sampling.
+    for a and b) and, per resample, each model's seeds with replacement (the same draw for every
+    benchmark) and averages over them as the point estimate does, so it covers seed variation as
+    well as item sampling.
     """
     runs_a, runs_b = (x if isinstance(x, list) else [x] for x in (a, b))
     rng = np.random.default_rng(seed)
-    pick_a, pick_b = rng.integers(0, len(runs_a), size=n), rng.integers(0, len(runs_b), size=n)  # [n] seeds per resample
+    pick_a = rng.integers(0, len(runs_a), size=(n, len(runs_a)))  # [n, Sa]: the seeds of each resample, drawn with replacement
+    pick_b = rng.integers(0, len(runs_b), size=(n, len(runs_b)))  # [n, Sb]
     rows, boots = [], []
     for task in dict.fromkeys(runs_a[0]["task"]):
         index = pd.Index(sorted(set.intersection(*(set(r.loc[r["task"] == task, "index"]) for r in [*runs_a, *runs_b]))))
@@ -115,7 +117,7 @@ def paired_bootstrap(
             continue
         ca, cb = _correct(runs_a, task, index) * 100, _correct(runs_b, task, index) * 100  # [Sa, m], [Sb, m]
         items = rng.integers(0, len(index), size=(n, len(index)))  # [n, m]
-        boot = (ca[pick_a[:, None], items] - cb[pick_b[:, None], items]).mean(axis=1)  # [n]
+        boot = ca[pick_a[:, :, None], items[:, None, :]].mean(axis=(1, 2)) - cb[pick_b[:, :, None], items[:, None, :]].mean(axis=(1, 2))
         boots.append(boot)
         rows.append(
             {
@@ -246,7 +248,7 @@ def minitron_stage(job: CompareJob, ctx: Context, out: Path) -> None:
     from autocompress.search import evaluate
 
     model, space, spec, mspec = ctx.model, ctx.space, ctx.spec, job.compare.minitron
-    select = ctx.data.select[: mspec.score_sequences]
+    select = ctx.data.select[: mspec.score_sequences]  # None: the whole split, as the sweep's trials are picked
     teacher = teacher_hidden(model, select, desc="teacher (selection)")
     res = minitron.search(model, space, ctx.cost_model, ctx.constraints, ctx.data.calib, select, teacher, mspec)
     best = res.best

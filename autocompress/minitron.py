@@ -10,7 +10,7 @@ tokens, then the L2 norm over sequences):
 - blocks (depth): sum over batches of 1 - mean cosine(block input, block output); the lowest are dropped.
 KV groups are not pruned (ModelOpt >= 0.41 ignores `num_query_groups`). Candidates form ModelOpt's
 grid: per axis the choices are the multiples of the axis's divisor up to the base size (query heads:
-multiples of the KV-group count; layers: 1..L), of which the top `max_width_pruning` share of the
+multiples of the KV-group count; layers: multiples of 2, ModelOpt's num_layers_divisor), of which the top `max_width_pruning` share of the
 choices (depth: `max_depth_pruning`) is kept, `sorted(choices)[int((1 - p) * len):]`; widths are the
 same in every layer. Every candidate that meets all constraints under the same cost model is kept,
 the `top_k` with the most parameters are scored by KL to the unpruned model on the selection split
@@ -45,6 +45,7 @@ from autocompress.masking import MaskedModel, Ranking
 from autocompress.search import evaluate
 
 WIDEN_STEP = 0.1  # how far each widening step raises one limit
+LAYERS_DIVISOR = 2  # ModelOpt's default num_layers_divisor: layer counts are even (or the full depth)
 
 
 @dataclass(frozen=True)
@@ -57,11 +58,11 @@ class MinitronSpec:
     widen: bool = True  # no candidate within the limits: raise them one step at a time (recorded)
     prune_kv_groups: bool = False  # ablation, not Minitron: KV heads mean-pooled in groups as the search does
     importance_sequences: int = 16  # calibration sequences for the activation importance
-    score_sequences: int = 8  # selection-split sequences for the score (KL to the unpruned model)
+    score_sequences: int | None = None  # selection-split sequences for the score (KL to the unpruned model); None = all
 
     def __post_init__(self) -> None:
         for key in ("top_k", "importance_sequences", "score_sequences"):
-            if getattr(self, key) <= 0:
+            if getattr(self, key) is not None and getattr(self, key) <= 0:
                 raise ConfigError(f"compare.minitron.{key} must be > 0, got {getattr(self, key)!r}")
         for key in ("max_width_pruning", "max_depth_pruning"):
             if not 0 <= getattr(self, key) < 1:
@@ -186,7 +187,7 @@ class Grid:
     heads: list[int]
     kv: list[int]
     ffn: list[int]
-    max_drop: int
+    drops: list[int]  # how many blocks may be dropped
 
 
 def grid(space: SearchSpace, spec: MinitronSpec, width: float, depth: float, n_droppable: int) -> Grid:
@@ -198,9 +199,9 @@ def grid(space: SearchSpace, spec: MinitronSpec, width: float, depth: float, n_d
     ffn = [f for f in modelopt_choices(blk.ffn, _divisor(space.ffn), width) if f in space.ffn]
     kv = [k for k in space.attention if k > 0] if spec.prune_kv_groups else [groups]
     depth_ok = 0 in space.attention and 0 in space.ffn
-    layers = modelopt_choices(space.num_layers, 1, depth)
-    max_drop = min(space.num_layers - layers[0], n_droppable) if depth_ok else 0
-    return Grid(hidden, heads, kv, ffn, max_drop)
+    layers = modelopt_choices(space.num_layers, LAYERS_DIVISOR, depth)
+    drops = sorted({space.num_layers - n for n in layers if space.num_layers - n <= n_droppable}) if depth_ok else [0]
+    return Grid(hidden, heads, kv, ffn, drops or [0])
 
 
 def enumerate_candidates(
@@ -217,7 +218,7 @@ def enumerate_candidates(
         space, spec, spec.max_width_pruning if width is None else width, spec.max_depth_pruning if depth is None else depth, len(drop_order)
     )
     found = []
-    for hidden, heads, kv, ffn, n_drop in itertools.product(g.hidden, g.heads, g.kv, g.ffn, range(g.max_drop + 1)):
+    for hidden, heads, kv, ffn, n_drop in itertools.product(g.hidden, g.heads, g.kv, g.ffn, g.drops):
         if heads % kv:
             continue
         dropped = tuple(sorted(drop_order[:n_drop]))
