@@ -185,7 +185,8 @@ def pick_trial(trials: pd.DataFrame, trial: str | None, run_dir: Path) -> dict[s
         return dict(rows.iloc[0])
     if ok.empty:
         raise ConfigError(f"{run_dir} has no feasible trial; run more searches (sweep.num_trials) or loosen the constraints")
-    return dict(ok.loc[ok["kl_select" if "kl_select" in ok else "kl"].idxmin()])
+    quality = "kl_select" if "kl_select" in ok and ok["kl_select"].notna().any() else "kl"  # runs made before the split: kl
+    return dict(ok.loc[ok[quality].idxmin()])
 
 
 def _hash(data: Any) -> str:

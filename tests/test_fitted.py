@@ -90,6 +90,10 @@ def test_extrapolation_is_flagged(tmp_path: Path) -> None:
     assert not inside.extrapolates(space().largest())
     longer = dataclasses.replace(scenario, workload=dataclasses.replace(scenario.workload, prompt_len=900, context_len=2048))
     assert get_cost_model(space(), longer, tmp_path, str(rec)).extrapolates(space().largest())
+    largest = space().largest()  # measured at 9 and 3 query heads: 6 lies inside, nothing outside [3, 9] exists
+    assert not inside.extrapolates(dataclasses.replace(largest, num_attention_heads=6))
+    nine_only = save_record(record(synthetic([largest, dataclasses.replace(space().smallest(), num_attention_heads=9)])), tmp_path / "b")
+    assert get_cost_model(space(), scenario, tmp_path, str(nine_only)).extrapolates(dataclasses.replace(largest, num_attention_heads=6))
 
 
 def test_bad_model_file_is_a_clear_error(tmp_path: Path) -> None:

@@ -65,10 +65,13 @@ class FittedCostModel(CostModel):
         return self._inner.expected(dist)
 
     def extrapolates(self, arch: Architecture) -> bool:
-        """Outside the fitted workloads' prompt/output/concurrency ranges, or the fitted parameter range."""
+        """Outside the fitted workloads' prompt/output/concurrency ranges, the fitted parameter range, or the
+        query-head counts measured (files fitted before the query-head axis hold none: the base count only)."""
         ranges, wl = self.record["ranges"], self.workload
         points = {"prompt_len": wl.prompt_len, "output_len": wl.output_len, "concurrency": wl.concurrency, "params": arch.num_params()}
-        return any(not ranges[k][0] <= v <= ranges[k][1] for k, v in points.items())
+        heads = ranges.get("query_heads", [self.space.base.num_attention_heads] * 2)
+        points["query_heads"] = arch.num_attention_heads
+        return any(not lo <= points[k] <= hi for k, (lo, hi) in {**ranges, "query_heads": heads}.items() if k in points)
 
     def describe(self) -> dict[str, object]:
         return {
@@ -152,8 +155,9 @@ def validate(space: SearchSpace, hardware: Hardware, data: Sequence[Measurement]
 
 
 def ranges(data: Sequence[Measurement]) -> dict[str, list[float]]:
-    values: dict[str, list[float]] = {"prompt_len": [], "output_len": [], "concurrency": [], "params": []}
+    values: dict[str, list[float]] = {"prompt_len": [], "output_len": [], "concurrency": [], "params": [], "query_heads": []}
     for m in data:
+        values["query_heads"].append(m.arch.num_attention_heads)
         values["prompt_len"].append(m.workload.prompt_len)
         values["output_len"].append(m.workload.output_len)
         values["concurrency"].append(m.workload.concurrency)
