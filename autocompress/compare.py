@@ -52,7 +52,7 @@ class CompareSpec:
     """What to compare and where (conf/compare/default.yaml)."""
 
     run: str | None = None  # a finished sweep run folder; None = run the sweep first
-    trial: str | None = None  # the AutoCompress trial; None = the best feasible by held-out KL
+    trial: str | None = None  # the AutoCompress trial; None = the best feasible by selection-split KL
     out: str | None = None  # None = <run>/compare
     measure: str = "auto"  # measured costs: auto (when this machine is the scenario's hardware) | always | never
     bootstrap: int = 2000  # paired bootstrap resamples of the benchmark items (and seeds)

@@ -74,7 +74,7 @@ class DistillResult:
     out: Path
     steps: int
     tokens: int
-    kl_before: float  # held-out KL(teacher || student), nats/token
+    kl_before: float  # report-split KL(teacher || student), nats/token
     kl_after: float
     wall_s: float  # this invocation
     resumed_from: int  # step the run started at (0 = from scratch)
@@ -360,7 +360,8 @@ def _distill_command(args: list[str]) -> None:
     res = distill(student, out, teacher.model, teacher.tokenizer, data, spec, overwrite, resume, evaluation_dirs=forbid)
     resumed = f" (resumed at step {res.resumed_from})" if res.resumed_from else ""
     print(f"distilled {res.steps} steps, {res.tokens:,} tokens{resumed} in {res.wall_s:.0f}s -> {res.out}")
-    print(f"held-out KL(teacher || student): {res.kl_before:.4f} -> {res.kl_after:.4f} nats/token; loss log: {res.out / 'distill_log.csv'}")
+    kl = f"{res.kl_before:.4f} -> {res.kl_after:.4f}"
+    print(f"report-split KL(teacher || student): {kl} nats/token; loss log: {res.out / 'distill_log.csv'}")
 
 
 if __name__ == "__main__":

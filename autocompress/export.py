@@ -539,7 +539,7 @@ def _costs(e: Exported) -> list[str]:
         "",
         f"Meets every constraint under that cost model: {feasible}.",
         "",
-        "## Quality (the search's held-out text, before any retraining)",
+        "## Quality (the report split of the run's text, before any retraining)",
         "",
         f"KL(base || pruned) = {kl} nats/token; perplexity = {ppl} (base model {_num(e.meta.get('base_perplexity'), 'not recorded')}).",
     ]

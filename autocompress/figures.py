@@ -33,8 +33,8 @@ COST_LABELS: dict[str, str] = {
     "memory_gib": "serving memory (GiB)",
 }
 QUALITY_LABELS: dict[str, str] = {
-    "kl": "held-out KL to the base model (nats/token)",
-    "perplexity": "held-out perplexity",
+    "kl": "report-split KL to the base model (nats/token)",
+    "perplexity": "report-split perplexity",
 }
 
 
