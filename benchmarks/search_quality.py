@@ -137,8 +137,20 @@ def main() -> None:
         results.append(bench_scenario(name, args.settings, args.overrides) | {"wall_s": time.time() - start})
         for path, data in ((Path(args.out), results), (Path(args.table), table(results, args, cpu))):
             path.parent.mkdir(parents=True, exist_ok=True)
+            if path == Path(args.table) and path.exists():  # other scenarios' rows stay; this run's replace theirs
+                data = merged(json.loads(path.read_text()), data)
             path.write_text(json.dumps(data, indent=1))
     print(markdown(results))
+
+
+def merged(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """`old` with `new`'s scenarios replacing or joining its own; `_meta` keeps one entry per scenario."""
+    meta = {**old.get("_meta", {}).get("runs", {}), **new["_meta"]["runs"]}
+    return {
+        **{k: v for k, v in old.items() if k != "_meta"},
+        **{k: v for k, v in new.items() if k != "_meta"},
+        "_meta": {**new["_meta"], "runs": meta},
+    }
 
 
 def table(results: list[dict[str, Any]], args: argparse.Namespace, cpu: str) -> dict[str, Any]:
@@ -153,7 +165,8 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace, cpu: str) -> 
         row["wall_s"] = r["wall_s"]
         out[r["scenario"]] = row
     cmd = "benchmarks/search_quality.py " + " ".join(f"--scenario {s}" for s in args.scenario) + " " + " ".join(args.overrides)
-    out["_meta"] = {"command": cmd.strip(), "cpu": cpu, "machine": platform.machine(), "metric": "report-split KL, nats/token"}
+    runs = {r["scenario"]: {"command": cmd.strip(), "cpu": cpu, "machine": platform.machine()} for r in results}
+    out["_meta"] = {"metric": "report-split KL to the unpruned model, nats/token, no retraining", "runs": runs}
     return out
 
 
