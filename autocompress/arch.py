@@ -194,6 +194,14 @@ class SearchSpace:
             blocks=blocks,
         )
 
+    def homogeneous(
+        self, hidden: int, kv_heads: int, ffn: int, dropped: set[int] | tuple[int, ...] = (), heads: int | None = None
+    ) -> Architecture:
+        """Every layer with `kv_heads` and `ffn`, the layers in `dropped` no-op whole; `heads` None = the base query heads."""
+        blocks = tuple(Block(0, 0) if i in dropped else Block(kv_heads, ffn) for i in range(self.num_layers))
+        nq = self.base.num_attention_heads if heads is None else heads
+        return Architecture(**{**self.base.__dict__, "hidden_size": hidden, "num_attention_heads": nq, "blocks": blocks})
+
     def indices(self, arch: Architecture) -> tuple[int, list[int], list[int], int]:
         """Option indices (hidden, attention per layer, FFN per layer, query heads) of `arch`; ConfigError if not in this space."""
         try:

@@ -92,13 +92,10 @@ def homogeneous_full_kv(
     """Per FFN width of the space, the architecture with base hidden size and heads, that width in every kept layer,
     and the fewest blocks of `drop_order` (least important first) dropped that meets `constraints`; widest first."""
     base = space.base
-    kv = base.blocks[0].kv_heads
     out = []
     for ffn in sorted((f for f in space.ffn if f > 0), reverse=True):
         for n_drop in range(len(drop_order) + 1):
-            dropped = set(drop_order[:n_drop])
-            blocks = tuple(Block(0, 0) if i in dropped else Block(kv, ffn) for i in range(space.num_layers))
-            arch = Architecture(**{**base.__dict__, "blocks": blocks})
+            arch = space.homogeneous(base.hidden_size, base.blocks[0].kv_heads, ffn, set(drop_order[:n_drop]))
             if space.allows(arch) and meets(cost_model, constraints, arch):
                 out.append(arch)
                 break

@@ -24,7 +24,6 @@ DeciLM whose first layer has no attention); candidates must also lie in the sear
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from autocompress.arch import Architecture, Block, SearchSpace
+from autocompress.arch import Architecture, SearchSpace
 from autocompress.config import Constraint
 from autocompress.cost import CostModel
 from autocompress.errors import ConfigError, InfeasibleError
@@ -156,14 +155,6 @@ class Candidate:
     costs: dict[str, float]
 
 
-def homogeneous(
-    space: SearchSpace, hidden: int, kv_heads: int, ffn: int, dropped: tuple[int, ...], heads: int | None = None
-) -> Architecture:
-    blocks = tuple(Block(0, 0) if i in dropped else Block(kv_heads, ffn) for i in range(space.num_layers))
-    nq = space.base.num_attention_heads if heads is None else heads
-    return dataclasses.replace(space.base, hidden_size=hidden, num_attention_heads=nq, blocks=blocks)
-
-
 def modelopt_choices(full: int, divisor: int, max_pruning: float) -> list[int]:
     """ModelOpt's choices of one axis: multiples of `divisor` up to `full` (and `full`), the top share kept.
 
@@ -222,7 +213,7 @@ def enumerate_candidates(
         if heads % kv:
             continue
         dropped = tuple(sorted(drop_order[:n_drop]))
-        arch = homogeneous(space, hidden, kv, ffn, dropped, heads)
+        arch = space.homogeneous(hidden, kv, ffn, dropped, heads)
         costs = cost_model.predict(arch)
         if all(c.satisfied(costs[c.metric]) for c in constraints):
             found.append(Candidate(arch, hidden, heads, kv, ffn, dropped, arch.num_params(), costs))
