@@ -282,12 +282,15 @@ class SearchSpec:
     importance_sequences: int = 16  # calibration sequences for the importance ranking
     init_bias: float = 2.0  # initial logit advantage of the largest option (start near the teacher)
     straight_through: bool = False  # hard one-hot samples forward (else relaxed mixtures)
+    probe_sequences: int = 4  # calibration sequences that measure each repair / fill candidate
+    candidates: int = 3  # repair / fill moves measured per step (the search's distributions rank them)
+    fill: bool = True  # after repair, spend the slack left inside the margin-tightened bounds
     threads: int = 0  # torch threads per search; 0 = the CPUs Ray gives the trial
     space: SpaceSpec = field(default_factory=SpaceSpec)
     settings: LagrangianSettings = field(default_factory=LagrangianSettings)
 
     def __post_init__(self) -> None:
-        for key in ("steps", "batch_size", "importance_sequences"):
+        for key in ("steps", "batch_size", "importance_sequences", "probe_sequences", "candidates"):
             _positive(f"search.{key}", getattr(self, key))
         _positive("search.threads", self.threads, allow_zero=True)
 

@@ -6,6 +6,9 @@ The loss is the KL divergence from the unpruned teacher to the sampled student o
 plus sum_c lambda_c * g_c (+ 0.5 * rho * max(g_c, 0)^2), where g_c is the normalised violation of
 constraint c by the expected cost under the current distributions; lambda_c >= 0 follows dual
 ascent (or stays fixed when dual_lr = 0). Weights are frozen: only the architecture logits learn.
+The most probable architecture is then repaired (downgraded until every bound holds) and filled
+(upgraded into the slack left inside the margin-tightened bounds), each move chosen among the few
+the final distributions favour by KL measured on a few calibration sequences.
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ class SearchResult:
     perplexity: float  # report split: perplexity of the student
     repair_steps: int  # downgrades applied after the search to meet the constraints
     wall_s: float
+    fill_steps: int = 0  # upgrades applied after repair into the slack left under the (margin-tightened) bounds
+    repaired: Architecture | None = None  # after repair, before fill
+    logits: tuple[torch.Tensor, ...] = ()  # the final architecture logits (hidden, attention, FFN, query heads)
     argmax: Architecture | None = None  # the most probable architecture before repair
     history: list[dict[str, float]] = field(default_factory=list)
     kl_select: float = math.nan  # selection split: KL(teacher || student), what picks among trials
@@ -179,6 +185,76 @@ def repair(
     return space.architecture(*idx), steps
 
 
+def _upgrades(idx: Move, logp: list[torch.Tensor], space: SearchSpace) -> list[tuple[Move, float]]:
+    """Every single-decision upgrade of `idx` the space allows, with the log-probability it gains (may be negative)."""
+    h, att, ffn, q = idx
+    moves: list[tuple[Move, float]] = []
+    if h + 1 < len(space.hidden):
+        moves.append(((h + 1, att, ffn, q), float(logp[0][h + 1] - logp[0][h])))
+    if q + 1 < len(space.heads):
+        moves.append(((h, att, ffn, q + 1), float(logp[3][q + 1] - logp[3][q])))
+    for layer in range(len(att)):
+        if att[layer] + 1 < len(space.attention):
+            a2 = att.copy()
+            a2[layer] += 1
+            moves.append(((h, a2, ffn, q), float(logp[1][layer, a2[layer]] - logp[1][layer, att[layer]])))
+        if ffn[layer] + 1 < len(space.ffn):
+            f2 = ffn.copy()
+            f2[layer] += 1
+            moves.append(((h, att, f2, q), float(logp[2][layer, f2[layer]] - logp[2][layer, ffn[layer]])))
+    return moves
+
+
+def fill(
+    arch: Architecture,
+    space: SearchSpace,
+    cost_model: CostModel,
+    constraints: tuple[Constraint, ...],
+    logits: tuple[torch.Tensor, ...],
+    quality: Callable[[Architecture], float],
+    margin: float = 0.0,
+    candidates: int = 3,
+) -> tuple[Architecture, int]:
+    """Upgrade one decision at a time while every constraint, tightened by `margin`, still holds.
+
+    The search meets its target with the expected cost of its distributions, not with their most
+    probable architecture, so the argmax (or the repaired one) often lands well inside the target;
+    this spends that slack. Among the upgrades that keep every target, the `candidates` the search's
+    final distributions favour most are measured with `quality` (lower is better); the one gaining
+    the most quality per unit of normalised cost it uses is taken. Stops when no upgrade fits or
+    none of the measured ones improves quality. Returns the architecture and the upgrades applied.
+    """
+    logp = [torch.log_softmax(t.detach(), dim=-1) for t in logits]
+
+    def usage(a: Architecture) -> list[float]:
+        costs = cost_model.predict(a)
+        return [float(violation(c, torch.tensor(costs[c.metric]), margin)) for c in constraints]
+
+    idx: Move = space.indices(arch)
+    now = usage(arch)
+    if any(g > 0 for g in now):  # not inside its target: nothing to spend
+        return arch, 0
+    current, steps = quality(arch), 0
+    while True:
+        fitting = []
+        for move, gain in _upgrades(idx, logp, space):
+            g = usage(space.architecture(*move))
+            if all(v <= 0 for v in g):
+                fitting.append((gain, move, sum(max(0.0, b - a) for a, b in zip(now, g, strict=True))))
+        if not fitting:
+            break
+        fitting.sort(key=lambda f: f[0], reverse=True)
+        measured = []
+        for _, move, used in fitting[:candidates]:
+            q = quality(space.architecture(*move))
+            measured.append(((current - q) / (used + 1e-3), q, move))
+        rate, q, move = max(measured, key=lambda m: m[0])
+        if rate <= 0:
+            break
+        idx, current, now, steps = move, q, usage(space.architecture(*move)), steps + 1
+    return space.architecture(*idx), steps
+
+
 def run_search(
     model: Any,
     inputs: SearchInputs,
@@ -244,12 +320,15 @@ def run_search(
         final = current()
         h, att, ffn, q = (t.detach().argmax(-1) for t in final)
         arch = argmax = space.architecture(int(h), att.tolist(), ffn.tolist(), int(q))
-        probe = inputs.calib[:1], inputs.teacher_calib[:1]  # the same sequence for every candidate
+        probe = inputs.calib[: spec.probe_sequences], inputs.teacher_calib[: spec.probe_sequences]  # the same for every candidate
 
         def quality(a: Architecture) -> float:
             return evaluate(model, masked, a, *probe)[0]
 
-        arch, repairs = repair(arch, space, cost_model, cons, tuple(final), quality)
+        arch, repairs = repair(arch, space, cost_model, cons, tuple(final), quality, spec.candidates)
+        repaired, fills = arch, 0
+        if spec.fill:
+            arch, fills = fill(arch, space, cost_model, cons, tuple(final), quality, settings.margin, spec.candidates)
         kl_select, ppl_select = evaluate(model, masked, arch, inputs.select, inputs.teacher_select)
         kl_report, ppl_report = evaluate(model, masked, arch, inputs.report, inputs.teacher_report)
     finally:
@@ -262,6 +341,9 @@ def run_search(
         kl=kl_report,
         perplexity=ppl_report,
         repair_steps=repairs,
+        fill_steps=fills,
+        repaired=repaired,
+        logits=tuple(t.detach() for t in final),
         wall_s=time.time() - start,
         history=history,
         argmax=argmax,

@@ -95,6 +95,49 @@ def test_repair_reaches_feasibility_and_follows_measured_quality() -> None:
     assert by_heads.num_attention_heads < 9 and bound[0].satisfied(cm.predict(by_heads)["ttft_ms"])
 
 
+def test_fill_spends_slack_without_breaking_the_target() -> None:
+    from autocompress.arch import Architecture, SearchSpace
+    from autocompress.config import Hardware, SpaceSpec, Workload
+    from autocompress.cost import AnalyticCostModel
+    from autocompress.search import fill
+
+    from .test_arch import SMOLLM2
+
+    space = SearchSpace.from_base(Architecture.from_llama_config(SMOLLM2), SpaceSpec())
+    cm = AnalyticCostModel(
+        space,
+        Hardware(name="h", peak_tflops=989.4, mem_bandwidth_gbs=3350, memory_gib=74.5),
+        Workload(name="w", prompt_len=1024, output_len=256, concurrency=256, context_len=4096),
+    )
+    base = cm.predict(space.largest())["ttft_ms"]
+    bound = (Constraint("ttft_ms", 0.8 * base),)
+    flat = (torch.zeros(len(space.hidden)), torch.zeros(30, len(space.attention)), torch.zeros(30, len(space.ffn)), torch.zeros(3))
+    small = space.architecture(len(space.hidden) - 1, [len(space.attention) - 1] * 30, [0] * 30, len(space.heads) - 1)  # every FFN at its smallest
+
+    def quality(a: Architecture) -> float:  # more FFN is better: every upgrade helps
+        return -sum(b.ffn for b in a.blocks) / 1e4
+
+    filled, steps = fill(small, space, cm, bound, flat, quality)
+    ttft = cm.predict(filled)["ttft_ms"]
+    assert steps > 0 and bound[0].satisfied(ttft) and ttft > cm.predict(small)["ttft_ms"]
+    assert all(not bound[0].satisfied(cm.predict(space.architecture(*m))["ttft_ms"]) for m, _ in _upgrades_of(filled, space))
+
+    tight, _ = fill(small, space, cm, bound, flat, quality, margin=0.2)  # aims 20% inside the bound
+    assert cm.predict(tight)["ttft_ms"] <= 0.8 * 0.8 * base + 1e-9 and tight.num_params() < filled.num_params()
+
+    same, none = fill(small, space, cm, bound, flat, lambda a: 0.0)  # nothing measured improves: nothing changes
+    assert none == 0 and same == small
+    over, none = fill(space.largest(), space, cm, bound, flat, quality)  # already over the bound: left to repair
+    assert none == 0 and over == space.largest()
+
+
+def _upgrades_of(arch, space):  # type: ignore[no-untyped-def]
+    from autocompress.search import _upgrades
+
+    flat = [torch.zeros(len(space.hidden)), torch.zeros(30, len(space.attention)), torch.zeros(30, len(space.ffn)), torch.zeros(3)]
+    return _upgrades(space.indices(arch), flat, space)
+
+
 def test_search_respects_the_attention_floor(prepared) -> None:  # type: ignore[no-untyped-def]
     spec, p = prepared
     tight = dataclasses.replace(p.inputs, constraints=tuple(Constraint(c.metric, c.value * 0.97) for c in p.inputs.constraints))
