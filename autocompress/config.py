@@ -7,6 +7,7 @@ picklable data). Every value is checked here, and a wrong one raises ConfigError
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -29,6 +30,8 @@ T = TypeVar("T")
 
 
 def _positive(key: str, value: float, allow_zero: bool = False) -> None:
+    if not math.isfinite(value):
+        raise ConfigError(f"{key} must be a finite number, got {value!r}")
     if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
@@ -405,6 +408,8 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key}={value!r} is not one of {list(typing.get_args(hint))}")
         return value
     if origin is tuple:
+        if isinstance(value, str) and typing.get_args(hint)[0] is str:  # tasks=piqa or tasks=a,b: one name or a comma list
+            value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{key} must be a list, got {value!r}")
         inner = typing.get_args(hint)[0]
@@ -418,6 +423,8 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     if hint in (int, float):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{key} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, got {value!r}")
         if hint is int and float(value) != int(value):
             raise ConfigError(f"{key} must be a whole number, got {value!r}")
         return hint(value)

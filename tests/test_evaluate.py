@@ -220,6 +220,8 @@ def test_default_tasks_follow_the_source_sciq_closedbook_only_for_local_files() 
     assert all(TASKS[t].files for t in local.tasks)
     assert hub.tasks == harness.tasks == tuple("sciq" if t == "sciq_closedbook" else t for t in local.tasks)
     assert build(EvalSpec, {**conf, "tasks": ["piqa"]}, "evaluate").tasks == ("piqa",)
+    assert build(EvalSpec, {**conf, "tasks": "piqa"}, "evaluate").tasks == ("piqa",)  # evaluate.tasks=piqa, no brackets needed
+    assert build(EvalSpec, {**conf, "tasks": "piqa, arc_easy"}, "evaluate").tasks == ("piqa", "arc_easy")
 
 
 HELLASWAG_LINES = [
