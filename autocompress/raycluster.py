@@ -75,6 +75,22 @@ def init_ray(address: str | None) -> None:
     python_sigterm()
 
 
+def check_trial_fits(cpus: float, gpus: float) -> None:
+    """Refuse, before any trial, resources per trial that no live node of the Ray cluster has (Tune would wait forever)."""
+    import ray
+
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    if any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in nodes):
+        return
+    top_cpu = max((r.get("CPU", 0) for r in nodes), default=0)
+    top_gpu = max((r.get("GPU", 0) for r in nodes), default=0)
+    raise ConfigError(
+        f"a trial asks for sweep.cpus_per_trial={cpus:g} and sweep.gpus_per_trial={gpus:g}, but no node of the Ray "
+        f"cluster has that much (the largest has {top_cpu:g} CPUs and {top_gpu:g} GPUs); lower them, or add a node "
+        "that size (an autoscaling cluster: start one first)"
+    )
+
+
 def python_sigterm() -> None:
     """Give SIGTERM back to its Python handler (on the main thread; elsewhere it cannot be set).
 

@@ -32,7 +32,7 @@ from autocompress.cost import CostModel
 from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.pareto import COST_DIRECTIONS, QUALITY, pareto_frame
 from autocompress.prepare import Prepared, log, prepare
-from autocompress.raycluster import check_ray_address, fetch_dir, is_uri, mirror_files, start_ray, storage_join
+from autocompress.raycluster import check_ray_address, check_trial_fits, fetch_dir, is_uri, mirror_files, start_ray, storage_join
 from autocompress.results import architecture_columns, feasibility_columns, trials_frame, write_json, write_parquet, write_text
 from autocompress.search import SearchInputs, SearchResult
 
@@ -445,13 +445,11 @@ def _fit(
     prepared: Prepared,
     rows: list[dict[str, Any]],
     attempt: int,
-    ray_ready: Callable[[], None],
 ) -> None:
-    """Run the trials that `rows` lacks on Ray Tune (once `ray_ready()` returns), recording each in trials.parquet as it finishes."""
+    """Run the trials that `rows` lacks on Ray Tune, recording each in trials.parquet as it finishes."""
     from ray import tune
 
     param_space, searcher, num_samples = tune_space(definition, spec, run.path, rows)
-    ray_ready()
     if num_samples == 0:
         return
     resources = {"cpu": spec.sweep.cpus_per_trial, "gpu": spec.sweep.gpus_per_trial}
@@ -487,7 +485,8 @@ def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -
         check_ray_address(spec.sweep.ray_address)
     started: list[Callable[[], None]] = []  # Ray starts once the spec is checked, while the teacher's outputs are computed
     prepared: Prepared = prepare(spec, on_checked=lambda: started.append(start_ray(spec.sweep.ray_address)))
-    ray_ready = started[0]
+    started[0]()  # Ray is up: refuse what no node can run before any run folder is written
+    check_trial_fits(spec.sweep.cpus_per_trial, spec.sweep.gpus_per_trial)
     if resume_dir is None:
         definition = load_definition(spec.sweep.definition)
         meta, rows = _start(spec, config_yaml, prepared, definition, run), []
@@ -498,7 +497,7 @@ def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -
     run.write_metadata(meta)
     start = time.time()
     try:
-        _fit(spec, definition, run, prepared, rows, attempt=len(meta.get("resumed", [])), ray_ready=ray_ready)
+        _fit(spec, definition, run, prepared, rows, attempt=len(meta.get("resumed", [])))
         if len(rows) < spec.sweep.num_trials:
             raise Interrupted(f"{len(rows)} of {spec.sweep.num_trials} trials recorded in {run.path / 'trials.parquet'}")
         trials = trials_frame(rows)

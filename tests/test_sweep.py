@@ -61,3 +61,20 @@ def test_existing_run_id_is_refused(tmp_path: Path) -> None:
     (tmp_path / "cpu_interactive" / "taken").mkdir(parents=True)
     out = run_cli("autocompress.sweep", "+scenario=cpu_interactive", *TINY_CPU, f"results.dir={tmp_path}", "results.run_id=taken")
     assert out.returncode == 2 and "already exists" in out.stderr
+
+
+@pytest.mark.ray
+def test_trial_no_node_can_run_is_refused_before_the_run_folder(tmp_path: Path) -> None:
+    """sweep.cpus_per_trial / gpus_per_trial beyond every node: one clear line and exit 2, not a Tune run that waits forever."""
+    for key, value in (("sweep.cpus_per_trial", 64), ("sweep.gpus_per_trial", 1)):
+        if key.endswith("gpus_per_trial"):
+            import torch
+
+            if torch.cuda.is_available():
+                continue  # a GPU node can run it
+        args = ["+scenario=cpu_interactive", *TINY_CPU, "sweep.num_trials=1", f"{key}={value}", f"results.dir={tmp_path}", "results.run_id=r"]
+        out = run_cli("autocompress.sweep", *args, timeout=180)
+        assert out.returncode == 2, out.stderr[-2000:]
+        line = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+        assert len(line) == 1 and f"{key}={value}" in line[0] and "no node of the Ray cluster" in line[0], out.stderr[-2000:]
+        assert not (tmp_path / "cpu_interactive" / "r").exists()  # a corrected rerun with the same id is not blocked
