@@ -371,7 +371,9 @@ def select_trial(path: Path, trial: str | None, index: int | None, force: bool) 
     """The row of `path` named by trial id or row index; refuses failed or infeasible trials unless `force`."""
     import pandas as pd
 
-    df = pd.read_parquet(path)
+    from autocompress.results import read_table
+
+    df = read_table(path)
     if trial is not None:
         rows = df[df["trial_id"] == trial]
         if rows.empty:
@@ -398,12 +400,12 @@ def select_trial(path: Path, trial: str | None, index: int | None, force: bool) 
 
 def _with_trials_columns(path: Path, row: dict[str, Any]) -> dict[str, Any]:
     """`row` plus the columns only trials.parquet beside `path` has (e.g. costs `verify` measured)."""
-    import pandas as pd
+    from autocompress.results import read_table
 
     trials = path.parent / "trials.parquet"
     if path.name == trials.name or not trials.exists():
         return row
-    df = pd.read_parquet(trials)
+    df = read_table(trials)
     match = df[df["trial_id"] == row["trial_id"]]
     return {**match.iloc[0].to_dict(), **row} if not match.empty else row
 

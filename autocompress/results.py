@@ -198,11 +198,27 @@ def load_metadata(run_dir: str | Path) -> dict[str, Any]:
     return meta
 
 
+def read_table(path: Path) -> pd.DataFrame:
+    """A run's Parquet file; RunFolderError (one line: the file, the cause, the fix) if it cannot be read."""
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # pyarrow's ArrowInvalid, OSError: a truncated, partly copied or foreign file
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise RunFolderError(
+            f"{path} cannot be read ({type(exc).__name__}: {first}); if its sweep was cut off, finish it with "
+            f"resume={path.parent}, else rerun the sweep (copy the whole run folder when moving it)"
+        ) from exc
+
+
 def _read_parquet(run: Path, name: str) -> pd.DataFrame:
     path = run / name
     if not path.exists():
         raise RunFolderError(f"{path} does not exist; is {run} a finished sweep run? Rerun the sweep")
-    return typed(pd.read_parquet(path))
+    df = read_table(path)
+    missing = [c for c in ("kl_select", "kl", "params", "feasible") if c not in df.columns]
+    if missing:
+        raise RunFolderError(f"{path} lacks the column(s) {', '.join(missing)}: a run from an older AutoCompress; rerun the sweep")
+    return typed(df)
 
 
 def load_trials(run_dir: str | Path) -> pd.DataFrame:

@@ -26,7 +26,7 @@ from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.models import load_base_model
 from autocompress.prepare import log
 from autocompress.raycluster import init_ray
-from autocompress.results import write_parquet
+from autocompress.results import read_table, write_parquet
 
 # predicted column -> measured field of the engine rows
 MEASURED = {
@@ -71,12 +71,14 @@ def _merge(frame: pd.DataFrame, measured: dict[str, dict[str, Any]]) -> pd.DataF
 
 
 def verify(path: Path) -> pd.DataFrame:
-    """Measure every architecture of a pareto.parquet (or any trials file of a run) in the engine."""
+    """Measure every architecture of a pareto.parquet (or any trials file of a run; a run folder: its pareto.parquet) in the engine."""
+    if path.is_dir():
+        path = path / "pareto.parquet"
     if not path.exists():
         raise ConfigError(f"{path} does not exist; give results/<scenario>/<run_id>/pareto.parquet of a finished sweep")
     run_dir = path.parent
     spec: RunSpec = run_spec_of(run_dir)
-    table = pd.read_parquet(path)
+    table = read_table(path)
     table = table[table["status"] == "ok"] if "status" in table else table
     if table.empty:
         raise ConfigError(f"{path} has no finished trials to verify")
@@ -131,7 +133,7 @@ def print_table(frame: pd.DataFrame) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0] in ("-h", "--help"):
-        print("usage: python -m autocompress.verify results/<scenario>/<run_id>/pareto.parquet", file=sys.stderr)
+        print("usage: python -m autocompress.verify results/<scenario>/<run_id>[/pareto.parquet]", file=sys.stderr)
         sys.exit(2 if len(args) != 1 else 0)
     try:
         verify(Path(args[0]))

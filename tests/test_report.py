@@ -271,3 +271,23 @@ def test_best_point_is_picked_on_the_selection_split() -> None:
     assert best is not None and best["trial_id"] == "a"  # b has the lower report KL, but trials are never picked on it
     old = figures.best_point(types.SimpleNamespace(trials=trials.drop(columns="kl_select")))  # type: ignore[arg-type]
     assert old is not None and old["trial_id"] == "b"  # runs recorded before kl_select: kl
+
+
+@pytest.mark.parametrize("name", ["trials.parquet", "pareto.parquet"])
+def test_truncated_parquet_is_one_clear_line(tiny_run: Path, tmp_path: Path, name: str) -> None:
+    """A cut-off Parquet file: load_run, report, export and verify name the file and the fix (no pyarrow traceback)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    data = (run / name).read_bytes()
+    (run / name).write_bytes(data[: len(data) // 2])
+    with pytest.raises(RunFolderError, match=rf"{name} cannot be read .*resume="):
+        results.load_run(run)
+    clis = [("report", [str(run)]), ("export", [str(run / name), "index=0", f"out={tmp_path / 'o'}"]), ("verify", [str(run / name)])]
+    for module, args in ((f"autocompress.{m}", a) for m, a in clis):
+        out = run_cli(module, *args, timeout=120)
+        errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+        assert out.returncode == 2 and len(errors) == 1 and f"{name} cannot be read" in errors[0], out.stderr[-2000:]
+        assert "Traceback" not in out.stderr
+    assert not (tmp_path / "o").exists()
