@@ -342,10 +342,12 @@ def main(argv: list[str] | None = None) -> int:
 def _distill_command(args: list[str]) -> None:
     from autocompress.checkpoint import BASE, load_checkpoint
     from autocompress.cliargs import UsageError, flag, parse
+    from autocompress.results import check_writable
 
     cmd = parse(args, "distill", DistillSpec, options=("out", "teacher", "overwrite", "resume"))
     if len(cmd.positional) != 1 or not cmd.options.get("out"):
         raise UsageError("give the STUDENT checkpoint folder and out=DIR")
+    check_writable(Path(cmd.options["out"]), "out")  # before any model loads
     spec = build(DistillSpec, cmd.config.get("distill") or {}, "distill")
     data = build(DataSpec, cmd.config.get("data") or {}, "data")
     base = build(ModelSpec, cmd.config.get("model"), "model")

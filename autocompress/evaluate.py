@@ -494,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
 def _evaluate_command(args: list[str]) -> None:
     from autocompress.checkpoint import load_checkpoint
     from autocompress.cliargs import UsageError, parse
+    from autocompress.results import check_writable
 
     cmd = parse(args, "evaluate", EvalSpec, options=("out",))
     if len(cmd.positional) != 1:
@@ -502,6 +503,7 @@ def _evaluate_command(args: list[str]) -> None:
     base = build(ModelSpec, cmd.config.get("model"), "model")
     target = cmd.positional[0]
     out = Path(cmd.options.get("out") or Path(cmd.config["results"]["dir"]) / "evaluate" / Path(target).name)
+    check_writable(out, "out")  # before the evaluation, not after it
     if spec.source == "lm-eval":
         result = evaluate_lm_eval(target, spec)
     else:

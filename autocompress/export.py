@@ -421,8 +421,11 @@ def load_ranking(run_dir: Path, base: Architecture) -> Ranking:
 
 
 def check_output(out: Path, overwrite: bool) -> None:
-    """Refuse an existing `out` unless `overwrite`, and even then anything but an earlier export or an empty folder."""
+    """Refuse an existing `out` unless `overwrite`, and even then anything but an earlier export or an empty folder; and one that cannot be written."""
+    from autocompress.results import check_writable
+
     if not out.exists():
+        check_writable(out, "out")
         return
     if not overwrite:
         raise ConfigError(f"{out} already exists; choose a new out=DIR or add overwrite=true")
@@ -430,6 +433,7 @@ def check_output(out: Path, overwrite: bool) -> None:
         raise ConfigError(
             f"{out} is not an exported checkpoint (no config.json); overwrite=true replaces only those: choose another out=DIR"
         )
+    check_writable(out.parent, "out")  # the new checkpoint is staged beside it, then renamed
 
 
 @contextmanager

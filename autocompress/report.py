@@ -34,7 +34,7 @@ from autocompress.figures import (
 )
 from autocompress.pareto import COST_DIRECTIONS
 from autocompress.plots import plot_architectures, plot_pareto, save
-from autocompress.results import Run, RunFolderError, load_run, write_text
+from autocompress.results import Run, RunFolderError, check_writable, load_run, write_text
 
 OPS = {"max": "≤", "min": "≥"}
 
@@ -167,6 +167,7 @@ def write_report(runs: Sequence[Run], out: Path) -> Path:
     """Figures, then report.md; returns the path of report.md."""
     if out.exists() and not out.is_dir():
         raise RunFolderError(f"--out {out} is a file; give a folder")
+    check_writable(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     many = len(runs) > 1
     sections = [run_section(run, draw_run(run, out, slug(run) if many else ""), out) for run in runs]

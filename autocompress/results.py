@@ -17,7 +17,7 @@ import pandas as pd
 from autocompress.arch import Architecture
 from autocompress.config import Constraint, RunSpec
 from autocompress.cost import COST_KEYS
-from autocompress.errors import AutoCompressError
+from autocompress.errors import AutoCompressError, ConfigError
 
 # column -> (dtype, meaning); the README documents the same schema
 TRIAL_SCHEMA: dict[str, tuple[str, str]] = {
@@ -97,6 +97,26 @@ def trials_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
         else:
             df[col] = df[col].astype(dtype)
     return df
+
+
+def check_writable(out: Path, key: str) -> None:
+    """ConfigError (naming `key`) unless folder `out` exists as a folder or can be created and written, checked before any work.
+
+    Creates nothing: the nearest existing ancestor must be a writable folder (a probe file is made and removed there).
+    """
+    import tempfile
+
+    out = Path(out).expanduser().absolute()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{key}={out} is a file; give a folder")
+    anchor = next(p for p in (out, *out.parents) if p.exists())
+    if not anchor.is_dir():
+        raise ConfigError(f"{key}={out}: {anchor} is a file, not a folder; choose another {key}")
+    try:
+        with tempfile.TemporaryFile(dir=anchor):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{key}={out}: {anchor} cannot be written ({exc.strerror or exc}); choose a folder you can write") from exc
 
 
 def write_parquet(df: pd.DataFrame, path: Path) -> Path:

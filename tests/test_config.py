@@ -144,3 +144,32 @@ def test_cli_unreachable_ray_address(tmp_path: Path) -> None:
     assert out.returncode == 2 and "ray.address='127.0.0.1:9' is unreachable" in out.stderr
     assert not any(tmp_path.iterdir())
     assert (ROOT / "conf").exists()
+
+
+def test_unwritable_outputs_are_refused_before_any_work(tmp_path: Path) -> None:
+    """evaluate, distill and export check their out= folder first: one error line, exit 2, nothing created."""
+    import time
+
+    from autocompress.results import check_writable
+
+    afile = tmp_path / "a_file"
+    afile.write_text("x")
+    for bad, message in ((afile, "is a file; give a folder"), (afile / "sub", "is a file, not a folder"), (Path("/sys/kernel/x"), "cannot be written")):
+        with pytest.raises(ConfigError, match=message):
+            check_writable(bad, "out")
+    check_writable(tmp_path / "new" / "deeper", "out")
+    assert not (tmp_path / "new").exists()  # the check creates nothing
+    student = tmp_path / "student"
+    student.mkdir()
+    (tmp_path / "pareto.parquet").write_bytes(b"")  # export names the results file first; out= is checked before it is read
+    for module, args in (
+        ("autocompress.evaluate", ["base", f"out={afile / 'sub'}"]),
+        ("autocompress.distill", [str(student), f"out={afile / 'sub'}"]),
+        ("autocompress.export", [str(tmp_path / "pareto.parquet"), "index=0", f"out={afile / 'sub'}"]),
+    ):
+        start = time.time()
+        out = run_cli(module, *args, timeout=120)
+        errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+        assert out.returncode == 2 and len(errors) == 1, (module, out.stderr[-2000:])
+        assert "a_file is a file, not a folder" in errors[0], (module, errors)
+        assert time.time() - start < 60  # refused before any model or evaluation ran
