@@ -70,16 +70,21 @@ def _jsonl_documents(path: Path, field_name: str) -> list[str]:
         raise ConfigError(f"data.path={str(path)!r} is a folder without *.jsonl files; point it at a jsonl file or a folder of them")
     docs = []
     for file in files:
-        with file.open(encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if line.strip():
-                    try:
-                        row = json.loads(line)
-                    except ValueError as exc:
-                        raise ConfigError(f"{file}:{n} is not a JSON object ({exc}); data.source=jsonl needs one per line") from exc
-                    if not isinstance(row, dict) or field_name not in row:
-                        raise ConfigError(f"{file}:{n} has no field {field_name!r}; set data.field")
-                    docs.append(str(row[field_name]))
+        try:
+            lines = file.read_bytes().decode("utf-8").splitlines()
+        except UnicodeDecodeError as exc:
+            line = file.read_bytes()[: exc.start].count(b"\n") + 1
+            raise ConfigError(f"{file}:{line} is not UTF-8 text ({exc.reason}); data.source=jsonl reads UTF-8 JSON lines") from exc
+        for n, line in enumerate(lines, 1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except ValueError as exc:
+                    raise ConfigError(f"{file}:{n} is not a JSON object ({exc}); data.source=jsonl needs one per line") from exc
+                if not isinstance(row, dict) or field_name not in row:
+                    what = "is not a JSON object" if not isinstance(row, dict) else f"has no field {field_name!r}"
+                    raise ConfigError(f"{file}:{n} {what}; data.source=jsonl needs one object per line with the text in data.field")
+                docs.append(str(row[field_name]))
     return docs
 
 
@@ -94,6 +99,8 @@ def _documents(spec: DataSpec) -> tuple[list[str], bool]:
         raise ConfigError(f"data.path={spec.path!r} does not exist; point it at a text file, a folder or a jsonl file")
     if spec.source == "text":
         files = _read_text_files(path)
+        if not files:
+            raise ConfigError(f"data.path={spec.path!r} is a folder without .txt, .md or .py files; point it at a text file or a folder of them")
         if len(files) > 1:
             return files, True
         text = Path(files[0]).read_text(encoding="utf-8", errors="replace") if files else ""

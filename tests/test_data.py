@@ -176,3 +176,27 @@ def test_c4_sample_folder_at_the_defaults() -> None:
         assert len(data.documents[name]) >= 0.9 * len(rows)  # about one document per window
     assert not set(data.documents["calib"]) & set(data.documents["select"])
     assert not set(data.documents["select"]) & set(data.documents["report"])
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b'{"text": "a"}\nnot json\n', r"bad\.jsonl:2 is not a JSON object"),
+        (b'{"text": "a"}\n42\n', r"bad\.jsonl:2 is not a JSON object; .*data\.field"),
+        (b'{"text": "a"}\n{"text": "caf\xe9"}\n', r"bad\.jsonl:2 is not UTF-8 text"),
+        (b'{"body": "a"}\n', r"bad\.jsonl:1 has no field 'text'; .*data\.field"),
+    ],
+    ids=["not-json", "bare-number", "not-utf8", "no-field"],
+)
+def test_bad_jsonl_names_file_and_line(tmp_path: Path, content: bytes, message: str) -> None:
+    (tmp_path / "bad.jsonl").write_bytes(content)
+    with pytest.raises(ConfigError, match=message):
+        load_token_data(DataSpec(source="jsonl", path=str(tmp_path / "bad.jsonl")), ByteTokenizer())
+    with pytest.raises(ConfigError, match=message):  # a folder of jsonl files names the bad one too
+        load_token_data(DataSpec(source="jsonl", path=str(tmp_path)), ByteTokenizer())
+
+
+def test_text_folder_without_text_files(tmp_path: Path) -> None:
+    (tmp_path / "data.bin").write_bytes(b"\0")
+    with pytest.raises(ConfigError, match=r"without \.txt, \.md or \.py files"):
+        load_token_data(DataSpec(source="text", path=str(tmp_path)), ByteTokenizer())
