@@ -209,10 +209,16 @@ def run_profile(spec: RunSpec) -> Path | None:
     kv = spec.profile.kv_cache_gib or hw.kv_cache_gib or 1.0
     settings = engine_settings(hw, workloads, kv, spec.profile.repeats, spec.profile.warmup)
     settings = dataclasses.replace(settings, timeout_s=spec.profile.timeout_s, enforce_eager=spec.profile.enforce_eager)
+    path = measurements_path(spec.results_dir, hw)
+    if not spec.profile.measure and load_measurements(path).empty:
+        raise ConfigError(
+            f"profile.measure=false, but {path} holds no measurements to fit; drop profile.measure=false to measure first "
+            f"(or set results.dir to the folder that holds them)"
+        )
     base = load_base_model(spec.model).model
     space = SearchSpace.from_base(Architecture.from_llama_config(base.config), spec.search.space)
     plan = design(space, spec.profile.n_random, spec.profile.holdout_share, spec.profile.uniform_fractions, spec.profile.seed)
-    table = load_measurements(measurements_path(spec.results_dir, hw))
+    table = load_measurements(path)
     if spec.profile.measure:
         require_vllm(hw.engine)
         table = run_measurements(spec, plan, workloads, settings)

@@ -173,3 +173,12 @@ def test_unwritable_outputs_are_refused_before_any_work(tmp_path: Path) -> None:
         assert out.returncode == 2 and len(errors) == 1, (module, out.stderr[-2000:])
         assert "a_file is a file, not a folder" in errors[0], (module, errors)
         assert time.time() - start < 60  # refused before any model or evaluation ran
+
+
+def test_fit_without_measurements_is_one_clear_line(tmp_path: Path) -> None:
+    """profile.measure=false before anything was measured: the measurements file and the fix, not a KeyError."""
+    out = run_cli("autocompress.profile", "+scenario=cpu_interactive", "profile.measure=false", f"results.dir={tmp_path}", timeout=120)
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert out.returncode == 2 and len(errors) == 1, out.stderr[-2000:]
+    assert "holds no measurements to fit" in errors[0] and "drop profile.measure=false" in errors[0]
+    assert "Traceback" not in out.stderr and not any(tmp_path.iterdir())
