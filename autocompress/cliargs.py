@@ -30,6 +30,9 @@ def run_command(argv: list[str] | None, usage: str, body: Callable[[list[str]], 
     except AutoCompressError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line (what was kept, how to go on), no traceback
+        print(f"interrupted: {exc or 'nothing was written'}", file=sys.stderr)
+        return 130
     return 0
 
 

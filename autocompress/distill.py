@@ -359,7 +359,11 @@ def _distill_command(args: list[str]) -> None:
     ev = cmd.config.get("evaluate") or {}
     forbid = (*evaluation_paths(), *evaluation_paths(ev.get("data_dir"), ev.get("corpus", DEFAULT_CORPUS)))
     out = Path(cmd.options["out"])
-    res = distill(student, out, teacher.model, teacher.tokenizer, data, spec, overwrite, resume, evaluation_dirs=forbid)
+    try:
+        res = distill(student, out, teacher.model, teacher.tokenizer, data, spec, overwrite, resume, evaluation_dirs=forbid)
+    except KeyboardInterrupt:
+        kept = f"its state at the last save (every {spec.save_every} steps) is in {work_dir(out)}" if work_dir(out).exists() else "no state was saved yet"
+        raise KeyboardInterrupt(f"distillation into {out} stopped; {kept}: rerun the same command to resume") from None
     resumed = f" (resumed at step {res.resumed_from})" if res.resumed_from else ""
     print(f"distilled {res.steps} steps, {res.tokens:,} tokens{resumed} in {res.wall_s:.0f}s -> {res.out}")
     kl = f"{res.kl_before:.4f} -> {res.kl_after:.4f}"

@@ -122,3 +122,22 @@ def test_cli_errors_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "not a checkpoint folder" in capsys.readouterr().err
     assert main([str(tmp_path)]) == 2
     assert "give the STUDENT checkpoint folder and out=DIR" in capsys.readouterr().err
+
+
+def test_ctrl_c_is_one_line_that_says_how_to_resume(
+    student: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C during distill: exit 130 and one `interrupted:` line naming the saved state and the rerun, no traceback."""
+    import autocompress.distill as distill_mod
+
+    out = tmp_path / "o"
+
+    def ctrl_c(*args: Any, **kwargs: Any) -> None:
+        work_dir(out).mkdir()  # as if a save had happened before the interrupt
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(distill_mod, "distill", ctrl_c)
+    assert main([str(student), f"out={out}", "model=tiny_llama"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("interrupted: distillation into") and str(work_dir(out)) in err[0]
+    assert "rerun the same command to resume" in err[0]
