@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -303,8 +304,18 @@ def _git_sha() -> str | None:
 def new_run_dir(spec: RunSpec) -> Path:
     run_id = spec.run_id or dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(spec.results_dir).resolve() / spec.scenario.name / run_id
-    if run_dir.exists():
+    if (run_dir / "config.yaml").exists():
         raise ConfigError(f"{run_dir} already exists; choose another results.run_id, or finish that run with resume=true")
+    try:
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir()  # the claim: of two sweeps given one id, exactly one gets here
+    except FileExistsError:
+        raise ConfigError(
+            f"{run_dir} already exists (another sweep is starting it, or one died before writing config.yaml: then "
+            "remove the folder); choose another results.run_id"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"results.dir={spec.results_dir}: cannot create {run_dir} ({exc.strerror or exc}); choose a folder you can write") from exc
     return run_dir
 
 
@@ -399,8 +410,8 @@ def resume_target(current: dict[str, Any], resume: Any, overrides: list[str]) ->
 
 
 def _start(spec: RunSpec, config_yaml: str, prepared: Prepared, definition: dict[str, Any], run: RunFolder) -> dict[str, Any]:
-    """Create the run folder: config.yaml, ranking.safetensors, metadata.json (status running)."""
-    run.path.mkdir(parents=True)
+    """Fill the claimed run folder: config.yaml, ranking.safetensors, metadata.json (status running)."""
+    run.path.mkdir(parents=True, exist_ok=True)
     write_text(config_yaml, run.path / "config.yaml")
     prepared.inputs.ranking.save(run.path / "ranking.safetensors")  # export slices weights in this order
     return {
@@ -478,19 +489,31 @@ def _fit(
     tuner.fit()
 
 
+def _prepare(spec: RunSpec) -> Prepared:
+    """prepare() with Ray starting beside it; refuses, once Ray is up, trials that no node can run."""
+    started: list[Callable[[], None]] = []  # Ray starts once the spec is checked, while the teacher's outputs are computed
+    prepared = prepare(spec, on_checked=lambda: started.append(start_ray(spec.sweep.ray_address)))
+    started[0]()
+    check_trial_fits(spec.sweep.cpus_per_trial, spec.sweep.gpus_per_trial)
+    return prepared
+
+
 def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -> Path:
     """The whole job; returns the run folder. With `resume_dir`, finish that run (its config.yaml must match `spec`)."""
-    run = RunFolder.of(spec, resume_dir or new_run_dir(spec))
     if spec.sweep.ray_address:
         check_ray_address(spec.sweep.ray_address)
-    started: list[Callable[[], None]] = []  # Ray starts once the spec is checked, while the teacher's outputs are computed
-    prepared: Prepared = prepare(spec, on_checked=lambda: started.append(start_ray(spec.sweep.ray_address)))
-    started[0]()  # Ray is up: refuse what no node can run before any run folder is written
-    check_trial_fits(spec.sweep.cpus_per_trial, spec.sweep.gpus_per_trial)
+    run = RunFolder.of(spec, resume_dir or new_run_dir(spec))
     if resume_dir is None:
-        definition = load_definition(spec.sweep.definition)
-        meta, rows = _start(spec, config_yaml, prepared, definition, run), []
+        try:
+            definition = load_definition(spec.sweep.definition)
+            prepared = _prepare(spec)
+            meta, rows = _start(spec, config_yaml, prepared, definition, run), []
+        except BaseException:
+            if not (run.path / "config.yaml").exists():  # claimed, never started: a corrected rerun may take the id
+                shutil.rmtree(run.path, ignore_errors=True)
+            raise
     else:
+        prepared = _prepare(spec)
         meta, rows = _resume(run, prepared), run.recorded_rows()
         definition = meta["sweep_definition"]  # the grid the run started with, even if sweeps/ changed since
         log(f"resuming {run.path}: {len(rows)} of {spec.sweep.num_trials} trials recorded, not run again")

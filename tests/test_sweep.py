@@ -78,3 +78,14 @@ def test_trial_no_node_can_run_is_refused_before_the_run_folder(tmp_path: Path) 
         line = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
         assert len(line) == 1 and f"{key}={value}" in line[0] and "no node of the Ray cluster" in line[0], out.stderr[-2000:]
         assert not (tmp_path / "cpu_interactive" / "r").exists()  # a corrected rerun with the same id is not blocked
+
+
+def test_a_run_that_fails_before_it_starts_leaves_no_folder(tmp_path: Path) -> None:
+    """The run id is claimed at once (mkdir), and given back when the sweep fails before config.yaml: a corrected rerun is not blocked."""
+    args = ["+scenario=cpu_interactive", *TINY_CPU, f"results.dir={tmp_path}", "results.run_id=again"]
+    out = run_cli("autocompress.sweep", *args, "scenario.constraints.tpot_ms=0.01x", timeout=180)  # refused in prepare, after the claim
+    assert out.returncode == 2 and "cannot be met" in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "cpu_interactive" / "again").exists()
+    (tmp_path / "cpu_interactive" / "again").mkdir()  # another sweep holds the claim: refused at once, its folder untouched
+    out = run_cli("autocompress.sweep", *args, timeout=180)
+    assert out.returncode == 2 and "another sweep is starting it" in out.stderr and (tmp_path / "cpu_interactive" / "again").is_dir()
