@@ -40,7 +40,7 @@ from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.evaluate import EvalResult, EvalSpec
 from autocompress.minitron import MinitronSpec
 from autocompress.prepare import log
-from autocompress.results import load_run, write_json, write_parquet, write_text
+from autocompress.results import check_writable, load_run, write_json, write_parquet, write_text
 from autocompress.tasks import TASKS, evaluation_paths
 
 COSTS = ("ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gib")
@@ -407,7 +407,9 @@ def run_compare(job: CompareJob, config_yaml: str = "") -> Path:
     """The whole comparison; returns the output folder."""
     timings: dict[str, float | str] = {}
     run_dir = resolve_run(job, config_yaml, timings).resolve()
+    load_run(run_dir)  # a finished sweep run, or one clear error before anything is written (no stray compare/ folder)
     out = Path(job.compare.out or run_dir / "compare").resolve()
+    check_writable(out, "compare.out")
     out.mkdir(parents=True, exist_ok=True)
     stages = Stages(out)
     start = time.time()

@@ -182,3 +182,12 @@ def test_fit_without_measurements_is_one_clear_line(tmp_path: Path) -> None:
     assert out.returncode == 2 and len(errors) == 1, out.stderr[-2000:]
     assert "holds no measurements to fit" in errors[0] and "drop profile.measure=false" in errors[0]
     assert "Traceback" not in out.stderr and not any(tmp_path.iterdir())
+
+
+def test_mistyped_compare_run_writes_nothing(tmp_path: Path) -> None:
+    """compare.run naming no finished sweep: one error line, exit 2, and no <run>/compare folder that later blocks that run id."""
+    typo = tmp_path / "cpu_interactive" / "typo"
+    out = run_cli("autocompress.compare", "+scenario=cpu_interactive", *TINY_CPU, f"compare.run={typo}", timeout=120)
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert out.returncode == 2 and len(errors) == 1 and "typo" in errors[0], out.stderr[-2000:]
+    assert not typo.exists()
