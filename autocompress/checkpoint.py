@@ -36,17 +36,30 @@ def load_checkpoint(path: str | Path, base: ModelSpec) -> Loaded:
     if str(path) == BASE:
         loaded = load_base_model(base)
         return Loaded(loaded.model, loaded.tokenizer, base.name, loaded.path)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     folder = Path(path)
     if not folder.exists() and (str(path).startswith((".", "/")) or folder.suffix):
         raise ConfigError(f"checkpoint {path} does not exist; give an exported or distilled model folder (or `base`)")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=True, dtype=torch.float32)
-    except OSError as exc:
-        raise ConfigError(f"{path} could not be loaded as a model ({exc}); give a checkpoint folder with config.json") from exc
+    model = open_model(path)
     tokenizer = (
-        AutoTokenizer.from_pretrained(str(path)) if not folder.exists() or has_tokenizer(folder) else load_base_model(base).tokenizer
+        AutoTokenizer.from_pretrained(str(path), trust_remote_code=True)  # our exports' DeciLM config: never ask on stdin
+        if not folder.exists() or has_tokenizer(folder)
+        else load_base_model(base).tokenizer
     )
     model.eval()
     return Loaded(model, tokenizer, folder.name or str(path), str(path))
+
+
+def open_model(path: str | Path) -> Any:
+    """The float32 model at `path` (a folder or hub id); ConfigError naming the folder if it cannot be loaded (missing or corrupt files)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=True, dtype=torch.float32)
+    except Exception as exc:  # OSError, ValueError, JSONDecodeError, SafetensorError: a damaged or foreign folder
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ConfigError(
+            f"{path} could not be loaded as a model ({type(exc).__name__}: {first}); give a checkpoint folder with config.json "
+            "and weights, e.g. export it again with python -m autocompress.export"
+        ) from exc

@@ -224,7 +224,7 @@ def distill(
 
     `evaluation_dirs`: folders of evaluation data the distillation text must not come from.
     """
-    from transformers import AutoModelForCausalLM
+    from autocompress.checkpoint import open_model
 
     check_not_evaluation_data(data, evaluation_dirs)
     if out.exists() and not overwrite:
@@ -245,7 +245,7 @@ def distill(
     if not resume:
         shutil.rmtree(work, ignore_errors=True)
     state = _load_state(work, expected)
-    student = AutoModelForCausalLM.from_pretrained(str(student_dir), trust_remote_code=True, dtype=torch.float32)
+    student = open_model(student_dir)
     teacher.eval().requires_grad_(False)
     proj = None
     if spec.hidden_weight > 0:

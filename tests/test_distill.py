@@ -141,3 +141,16 @@ def test_ctrl_c_is_one_line_that_says_how_to_resume(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("interrupted: distillation into") and str(work_dir(out)) in err[0]
     assert "rerun the same command to resume" in err[0]
+
+
+def test_corrupt_student_is_one_clear_line(student: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A checkpoint whose weights or config are damaged: exit 2, one error line naming the folder, nothing written."""
+    weights = next(student.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert main([str(student), f"out={tmp_path / 'o'}", "model=tiny_llama", "tokens=128"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {student} could not be loaded as a model"), err
+    (student / "config.json").write_text("{not json")
+    assert main([str(student), f"out={tmp_path / 'o'}", "model=tiny_llama", "tokens=128"]) == 2
+    assert "could not be loaded as a model" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists() and not work_dir(tmp_path / "o").exists()
