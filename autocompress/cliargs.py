@@ -11,6 +11,33 @@ from typing import Any
 from autocompress.errors import AutoCompressError, ConfigError
 
 
+_TASK_STARTED = False
+
+
+def task(fn: Callable[..., None]) -> Callable[..., None]:
+    """Mark a @hydra.main task function (put it under the decorator): once it runs, Hydra has composed the config."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        global _TASK_STARTED
+        _TASK_STARTED = True
+        fn(*args, **kwargs)
+
+    return wrapper
+
+
+def hydra_entry(main: Callable[[], None]) -> None:
+    """Run a @hydra.main entry point so that Hydra's own errors (unknown key, bad group option, malformed
+    override: all before the task runs) exit 2 like every other bad input; a crash inside the task keeps exit 1."""
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code == 1 and not _TASK_STARTED:
+            raise SystemExit(2) from None
+        raise
+
+
 class UsageError(ConfigError):
     """The command line is malformed (entry points print their usage after the message)."""
 

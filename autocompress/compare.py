@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from autocompress.config import Constraint, RunSpec, build, run_spec_from_dict
 from autocompress.distill import DistillSpec
+from autocompress.cliargs import hydra_entry, task
 from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.evaluate import EvalResult, EvalSpec
 from autocompress.minitron import MinitronSpec
@@ -529,6 +530,7 @@ def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model],
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@task
 def main(cfg: DictConfig) -> None:
     from autocompress.compose import plain
 
@@ -541,4 +543,4 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    main()
+    hydra_entry(main)

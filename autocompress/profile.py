@@ -29,6 +29,7 @@ from autocompress.config import Hardware, RunSpec, Workload, run_spec_from_dict
 from autocompress.cost.fitted import Measurement, fit_parameters, model_dir, ranges, save_record, validate
 from autocompress.decilm import vllm_limitation
 from autocompress.engine import EngineSettings, arch_id, engine_settings, measure_many, require_vllm
+from autocompress.cliargs import hydra_entry, task
 from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.models import load_base_model
 from autocompress.prepare import log
@@ -228,6 +229,7 @@ def run_profile(spec: RunSpec) -> Path | None:
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@task
 def main(cfg: DictConfig) -> None:
     try:
         run_profile(run_spec_from_dict(plain(cfg)))
@@ -237,4 +239,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    hydra_entry(main)

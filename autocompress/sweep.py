@@ -30,6 +30,7 @@ from autocompress import __version__
 from autocompress.compose import plain
 from autocompress.config import METRICS, Constraint, LagrangianSettings, RunSpec, run_spec_from_dict
 from autocompress.cost import CostModel
+from autocompress.cliargs import hydra_entry, task
 from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.pareto import COST_DIRECTIONS, QUALITY, pareto_frame
 from autocompress.prepare import Prepared, log, prepare
@@ -575,6 +576,7 @@ def resume_mode(data: dict[str, Any], resume: Any) -> str:
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@task
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
@@ -600,4 +602,4 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    main()
+    hydra_entry(main)

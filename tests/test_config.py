@@ -118,7 +118,7 @@ def test_cli_prints_resolved_config() -> None:
 
 def test_cli_unknown_scenario(tmp_path: Path) -> None:
     out = run_cli("autocompress.sweep", "+scenario=nope", f"results.dir={tmp_path}")
-    assert out.returncode != 0
+    assert out.returncode == 2  # Hydra's own errors exit 2 like every other bad input
     assert "Could not find 'scenario/nope'" in out.stderr and "h100_batched" in out.stderr
     _no_results(tmp_path)
 
