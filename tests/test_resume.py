@@ -201,15 +201,20 @@ def test_killed_driver_and_lost_disk_resume_from_shared_storage(tmp_path: Path) 
     run, mirror = tmp_path / "local" / "cpu_interactive" / "ko", shared / "cpu_interactive" / "ko"
     args = [*TINY_RUN, "sweep=optuna", "sweep.num_trials=3", "sweep.max_concurrent_trials=1", f"sweep.storage_path={shared}"]
     args += [f"results.dir={tmp_path / 'local'}", "results.run_id=ko"]
-    proc = start_cli("autocompress.sweep", *args, log=log)
+    (tmp_path / "gate").mkdir()
+    (tmp_path / "gate" / "sitecustomize.py").write_text(GATE)
+    gate = {"PYTHONPATH": str(tmp_path / "gate"), "AUTOCOMPRESS_TEST_GATE": str(tmp_path / "gate")}
+    proc = start_cli("autocompress.sweep", *args, log=log, env=gate)  # only the first search runs: the kill lands mid-run
     try:
         wait_for(log, "trial 1/3", proc)
         kill_group(proc)  # the driver and its local Ray, no chance to clean up
         proc.wait(timeout=60)
     finally:
         kill_group(proc)
+        (tmp_path / "gate" / "open").touch()  # a held search that outlived the kill ends now
     assert json.loads((mirror / "metadata.json").read_text())["status"] == "running"
     before = _rows(mirror)
+    assert len(before) == 1  # the gate held the second search: killed mid-run, every time
     assert (mirror / "tune").is_dir() and not (run / "tune").exists()  # Ray Tune's experiment on the shared storage
     shutil.rmtree(run)  # the driver's node is gone
 
@@ -224,6 +229,49 @@ def test_killed_driver_and_lost_disk_resume_from_shared_storage(tmp_path: Path) 
     study = optuna.load_study(study_name="autocompress-cpu_interactive-ko", storage=storage)
     states = [t.state.name for t in study.trials]
     assert states.count("COMPLETE") >= 3 and "RUNNING" not in states, states
+
+
+# Loaded by every process of a sweep started with it on PYTHONPATH: the first search runs, every later one
+# waits (up to 5 minutes) for a file that never comes, so a test's interrupt after "trial 1/N" always
+# lands on a running sweep, however fast or loaded the machine (the race issue 13 found).
+GATE = """
+import os
+import sys
+import time
+from importlib.abc import MetaPathFinder
+from importlib.machinery import PathFinder
+
+FOLDER = os.environ.get("AUTOCOMPRESS_TEST_GATE")
+
+
+class HoldLaterSearches(MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name != "autocompress.search" or not FOLDER:
+            return None
+        spec = PathFinder.find_spec(name, path)
+        exec_module = spec.loader.exec_module
+
+        def patched(module):
+            exec_module(module)
+            real = module.run_search
+
+            def run_search(*args, **kwargs):
+                try:
+                    os.mkdir(os.path.join(FOLDER, "first"))  # atomic: exactly one search gets through
+                except FileExistsError:
+                    deadline = time.time() + 300
+                    while time.time() < deadline and not os.path.exists(os.path.join(FOLDER, "open")):
+                        time.sleep(0.2)
+                return real(*args, **kwargs)
+
+            module.run_search = run_search
+
+        spec.loader.exec_module = patched
+        return spec
+
+
+sys.meta_path.insert(0, HoldLaterSearches())
+"""
 
 
 # Loaded by every Python process of the sweep (driver and Ray workers inherit PYTHONPATH): the search of
