@@ -507,6 +507,8 @@ def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -
     if resume_dir is None:
         try:
             definition = load_definition(spec.sweep.definition)
+            if definition.get("searcher") == "optuna" and spec.sweep.optuna_storage:
+                optuna_storage(spec, run.path)  # a bad URL is refused here, not after the run folder is written
             prepared = _prepare(spec)
             meta, rows = _start(spec, config_yaml, prepared, definition, run), []
         except BaseException:

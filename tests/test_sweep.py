@@ -89,3 +89,12 @@ def test_a_run_that_fails_before_it_starts_leaves_no_folder(tmp_path: Path) -> N
     (tmp_path / "cpu_interactive" / "again").mkdir()  # another sweep holds the claim: refused at once, its folder untouched
     out = run_cli("autocompress.sweep", *args, timeout=180)
     assert out.returncode == 2 and "another sweep is starting it" in out.stderr and (tmp_path / "cpu_interactive" / "again").is_dir()
+
+
+def test_bad_optuna_storage_is_refused_before_the_run_folder(tmp_path: Path) -> None:
+    """A sweep.optuna_storage that cannot be opened: one error line naming it, and no failed run folder left behind."""
+    args = ["+scenario=cpu_interactive", *TINY_CPU, "sweep=optuna", "sweep.optuna_storage=nosuchdb://x", f"results.dir={tmp_path}", "results.run_id=o"]
+    out = run_cli("autocompress.sweep", *args, timeout=120)
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert out.returncode == 2 and len(errors) == 1 and "sweep.optuna_storage='nosuchdb://x' cannot be opened" in errors[0], out.stderr[-2000:]
+    assert not (tmp_path / "cpu_interactive" / "o").exists()
