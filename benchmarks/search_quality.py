@@ -7,7 +7,7 @@ selection-split KL is "searched"), and at the same absolute constraints under th
 - greedy: attention/FFN sublayers removed least important first until feasible;
 - cost_only: the search with its KL term off (the picked setting's Lagrangian, kl_weight=0);
 - argmax_before_repair: the picked search's most probable architecture before repair (may be
-  infeasible: its feasibility and every search's repair steps are recorded);
+  infeasible: its feasibility and every search's repair and fill steps are recorded);
 - minitron: the ModelOpt mcore_minitron baseline (autocompress.minitron) at the same constraints.
 Every KL is on the report split; choices among candidates use the selection split only.
 Writes benchmarks/results/search_quality.json (the table) and --out (details); prints Markdown.
@@ -74,7 +74,8 @@ def bench_scenario(name: str, n_settings: int, overrides: list[str]) -> dict[str
     searches = []
     for settings in SETTINGS[:n_settings]:
         res = run_search(model, inputs, cm, spec.search, settings)
-        searches.append((res, score(res.architecture, {"settings": dataclasses.asdict(settings), "repair_steps": res.repair_steps})))
+        extra = {"settings": dataclasses.asdict(settings), "repair_steps": res.repair_steps, "fill_steps": res.fill_steps}
+        searches.append((res, score(res.architecture, extra)))
         print(f"{name}: searched {settings}: kl={searches[-1][1]['kl']:.3f} ({res.wall_s:.0f}s)", flush=True)
     best_res, best = min(searches, key=lambda s: s[1]["kl_select"])
     out["searches"] = [row for _, row in searches]
@@ -163,6 +164,7 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace, cpu: str) -> 
         row: dict[str, Any] = {k: None if r[k] is None else r[k]["kl"] for k in TABLE}
         row["argmax_before_repair_feasible"] = r["argmax_before_repair"]["feasible"]
         row["repair_steps"] = [s["repair_steps"] for s in r["searches"]]
+        row["fill_steps"] = [s.get("fill_steps", 0) for s in r["searches"]]
         row["params"] = {k: None if r[k] is None else r[k]["params"] for k in TABLE}
         row["minitron_limits"] = r["minitron"]["limits"]
         row["wall_s"] = r["wall_s"]
