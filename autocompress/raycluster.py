@@ -86,7 +86,7 @@ def check_trial_fits(cpus: float, gpus: float) -> None:
     top_gpu = max((r.get("GPU", 0) for r in nodes), default=0)
     raise ConfigError(
         f"a trial asks for sweep.cpus_per_trial={cpus:g} and sweep.gpus_per_trial={gpus:g}, but no node of the Ray "
-        f"cluster has that much (the largest has {top_cpu:g} CPUs and {top_gpu:g} GPUs); lower them, or add a node "
+        f"cluster has both (a node has at most {top_cpu:g} CPUs, at most {top_gpu:g} GPUs); lower them, or add a node "
         "that size (an autoscaling cluster: start one first)"
     )
 

@@ -284,6 +284,8 @@ def test_truncated_parquet_is_one_clear_line(tiny_run: Path, tmp_path: Path, nam
     (run / name).write_bytes(data[: len(data) // 2])
     with pytest.raises(RunFolderError, match=rf"{name} cannot be read .*resume="):
         results.load_run(run)
+    if name == "pareto.parquet":
+        return  # the commands read both files the same way (results.read_table): one file is enough for them
     clis = [("report", [str(run)]), ("export", [str(run / name), "index=0", f"out={tmp_path / 'o'}"]), ("verify", [str(run / name)])]
     for module, args in ((f"autocompress.{m}", a) for m, a in clis):
         out = run_cli(module, *args, timeout=120)

@@ -65,19 +65,31 @@ def test_existing_run_id_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.ray
 def test_trial_no_node_can_run_is_refused_before_the_run_folder(tmp_path: Path) -> None:
-    """sweep.cpus_per_trial / gpus_per_trial beyond every node: one clear line and exit 2, not a Tune run that waits forever."""
-    for key, value in (("sweep.cpus_per_trial", 64), ("sweep.gpus_per_trial", 1)):
-        if key.endswith("gpus_per_trial"):
-            import torch
+    """sweep.cpus_per_trial beyond every node: one clear line and exit 2, not a Tune run that waits forever."""
+    args = ["+scenario=cpu_interactive", *TINY_CPU, "sweep.num_trials=1", "sweep.cpus_per_trial=64", f"results.dir={tmp_path}", "results.run_id=r"]
+    out = run_cli("autocompress.sweep", *args, timeout=180)
+    assert out.returncode == 2, out.stderr[-2000:]
+    line = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert len(line) == 1 and "sweep.cpus_per_trial=64" in line[0] and "no node of the Ray cluster" in line[0], out.stderr[-2000:]
+    assert not (tmp_path / "cpu_interactive" / "r").exists()  # a corrected rerun with the same id is not blocked
 
-            if torch.cuda.is_available():
-                continue  # a GPU node can run it
-        args = ["+scenario=cpu_interactive", *TINY_CPU, "sweep.num_trials=1", f"{key}={value}", f"results.dir={tmp_path}", "results.run_id=r"]
-        out = run_cli("autocompress.sweep", *args, timeout=180)
-        assert out.returncode == 2, out.stderr[-2000:]
-        line = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
-        assert len(line) == 1 and f"{key}={value}" in line[0] and "no node of the Ray cluster" in line[0], out.stderr[-2000:]
-        assert not (tmp_path / "cpu_interactive" / "r").exists()  # a corrected rerun with the same id is not blocked
+
+def test_trial_fits_only_on_a_node_that_has_all_of_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpus_per_trial=1 on a cluster without GPUs is refused (it hung); a node with both CPUs and the GPU is enough."""
+    import ray
+
+    from autocompress.errors import ConfigError
+    from autocompress.raycluster import check_trial_fits
+
+    nodes = [{"Alive": True, "Resources": {"CPU": 16.0}}, {"Alive": True, "Resources": {"CPU": 2.0, "GPU": 1.0}}]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    check_trial_fits(2, 1)
+    check_trial_fits(16, 0)
+    with pytest.raises(ConfigError, match=r"sweep.gpus_per_trial=1, but no node .*at most 16 CPUs, at most 1 GPUs"):
+        check_trial_fits(4, 1)  # 16 CPUs on one node, the GPU on another: no single node runs the trial
+    nodes[1]["Alive"] = False
+    with pytest.raises(ConfigError, match="sweep.cpus_per_trial=2 and sweep.gpus_per_trial=1"):
+        check_trial_fits(2, 1)
 
 
 def test_a_run_that_fails_before_it_starts_leaves_no_folder(tmp_path: Path) -> None:
