@@ -10,7 +10,6 @@ from typing import Any
 
 from autocompress.errors import AutoCompressError, ConfigError
 
-
 _TASK_STARTED = False
 
 

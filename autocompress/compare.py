@@ -34,9 +34,10 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from autocompress.cliargs import hydra_entry
+from autocompress.cliargs import task as hydra_task
 from autocompress.config import Constraint, RunSpec, build, run_spec_from_dict
 from autocompress.distill import DistillSpec
-from autocompress.cliargs import hydra_entry, task
 from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.evaluate import EvalResult, EvalSpec
 from autocompress.minitron import MinitronSpec
@@ -530,7 +531,7 @@ def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model],
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-@task
+@hydra_task
 def main(cfg: DictConfig) -> None:
     from autocompress.compose import plain
 

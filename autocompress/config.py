@@ -285,6 +285,7 @@ class SearchSpec:
     importance_sequences: int = 16  # calibration sequences for the importance ranking
     init_bias: float = 2.0  # initial logit advantage of the largest option (start near the teacher)
     straight_through: bool = False  # hard one-hot samples forward (else relaxed mixtures)
+    settle_steps: int = 0  # at most this many extra steps while the argmax misses a bound (multipliers follow its violation)
     probe_sequences: int = 4  # calibration sequences that measure each repair / fill candidate
     candidates: int = 3  # repair / fill moves measured per step (the search's distributions rank them)
     fill: bool = True  # after repair, spend the slack left inside the margin-tightened bounds
@@ -296,6 +297,7 @@ class SearchSpec:
         for key in ("steps", "batch_size", "importance_sequences", "probe_sequences", "candidates"):
             _positive(f"search.{key}", getattr(self, key))
         _positive("search.threads", self.threads, allow_zero=True)
+        _positive("search.settle_steps", self.settle_steps, allow_zero=True)
 
 
 @dataclass(frozen=True)

@@ -73,8 +73,8 @@ def _jsonl_documents(path: Path, field_name: str) -> list[str]:
         try:
             lines = file.read_bytes().decode("utf-8").splitlines()
         except UnicodeDecodeError as exc:
-            line = file.read_bytes()[: exc.start].count(b"\n") + 1
-            raise ConfigError(f"{file}:{line} is not UTF-8 text ({exc.reason}); data.source=jsonl reads UTF-8 JSON lines") from exc
+            bad = file.read_bytes()[: exc.start].count(b"\n") + 1
+            raise ConfigError(f"{file}:{bad} is not UTF-8 text ({exc.reason}); data.source=jsonl reads UTF-8 JSON lines") from exc
         for n, line in enumerate(lines, 1):
             if line.strip():
                 try:
@@ -100,7 +100,9 @@ def _documents(spec: DataSpec) -> tuple[list[str], bool]:
     if spec.source == "text":
         files = _read_text_files(path)
         if not files:
-            raise ConfigError(f"data.path={spec.path!r} is a folder without .txt, .md or .py files; point it at a text file or a folder of them")
+            raise ConfigError(
+                f"data.path={spec.path!r} is a folder without .txt, .md or .py files; point it at a text file or a folder of them"
+            )
         if len(files) > 1:
             return files, True
         text = Path(files[0]).read_text(encoding="utf-8", errors="replace") if files else ""

@@ -362,7 +362,11 @@ def _distill_command(args: list[str]) -> None:
     try:
         res = distill(student, out, teacher.model, teacher.tokenizer, data, spec, overwrite, resume, evaluation_dirs=forbid)
     except KeyboardInterrupt:
-        kept = f"its state at the last save (every {spec.save_every} steps) is in {work_dir(out)}" if work_dir(out).exists() else "no state was saved yet"
+        kept = (
+            f"its state at the last save (every {spec.save_every} steps) is in {work_dir(out)}"
+            if work_dir(out).exists()
+            else "no state was saved yet"
+        )
         raise KeyboardInterrupt(f"distillation into {out} stopped; {kept}: rerun the same command to resume") from None
     resumed = f" (resumed at step {res.resumed_from})" if res.resumed_from else ""
     print(f"distilled {res.steps} steps, {res.tokens:,} tokens{resumed} in {res.wall_s:.0f}s -> {res.out}")

@@ -421,7 +421,7 @@ def load_ranking(run_dir: Path, base: Architecture) -> Ranking:
 
 
 def check_output(out: Path, overwrite: bool) -> None:
-    """Refuse an existing `out` unless `overwrite`, and even then anything but an earlier export or an empty folder; and one that cannot be written."""
+    """Refuse an unwritable `out`, an existing one unless `overwrite`, and even then anything but an earlier export or an empty folder."""
     from autocompress.results import check_writable
 
     if not out.exists():

@@ -24,12 +24,13 @@ from omegaconf import DictConfig
 
 from autocompress.arch import Architecture, SearchSpace
 from autocompress.baselines import uniform_shrink
+from autocompress.cliargs import hydra_entry
+from autocompress.cliargs import task as hydra_task
 from autocompress.compose import load_workload, plain
 from autocompress.config import Hardware, RunSpec, Workload, run_spec_from_dict
 from autocompress.cost.fitted import Measurement, fit_parameters, model_dir, ranges, save_record, validate
 from autocompress.decilm import vllm_limitation
 from autocompress.engine import EngineSettings, arch_id, engine_settings, measure_many, require_vllm
-from autocompress.cliargs import hydra_entry, task
 from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.models import load_base_model
 from autocompress.prepare import log
@@ -229,7 +230,7 @@ def run_profile(spec: RunSpec) -> Path | None:
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-@task
+@hydra_task
 def main(cfg: DictConfig) -> None:
     try:
         run_profile(run_spec_from_dict(plain(cfg)))

@@ -54,6 +54,7 @@ class SearchResult:
     repair_steps: int  # downgrades applied after the search to meet the constraints
     wall_s: float
     fill_steps: int = 0  # upgrades applied after repair into the slack left under the (margin-tightened) bounds
+    settle_steps: int = 0  # extra steps taken after the schedule because the argmax missed a bound
     repaired: Architecture | None = None  # after repair, before fill
     logits: tuple[torch.Tensor, ...] = ()  # the final architecture logits (hidden, attention, FFN, query heads)
     argmax: Architecture | None = None  # the most probable architecture before repair
@@ -294,9 +295,10 @@ def run_search(
     masked = MaskedModel(model, space, inputs.ranking)
     history: list[dict[str, float]] = []
     try:
-        bar = tqdm(range(spec.steps), desc="search", disable=not progress, dynamic_ncols=True)
-        for step in bar:
-            tau = settings.tau_start * (settings.tau_end / settings.tau_start) ** (step / max(1, spec.steps - 1))
+
+        def one_step(step: int, tau: float, hard: torch.Tensor | None = None) -> None:
+            """One optimisation step; the multipliers follow the expected violation, or `hard` (the argmax's) when given."""
+            nonlocal lambdas
             rows = torch.randint(len(inputs.calib), (spec.batch_size,), generator=gen)
             masked.set(*(relaxed_sample(t, tau, gen, spec.straight_through) for t in current()))
             hidden = model.model(input_ids=inputs.calib[rows], use_cache=False).last_hidden_state
@@ -308,7 +310,7 @@ def run_search(
             opt.zero_grad()
             loss.backward()
             opt.step()
-            lambdas = torch.clamp(lambdas + settings.dual_lr * g.detach(), min=0.0)
+            lambdas = torch.clamp(lambdas + settings.dual_lr * (g.detach() if hard is None else hard), min=0.0)
             record = {"step": step, "tau": tau, "loss": float(loss.detach()), "kl": float(kl.detach())}
             record.update({f"lambda_{c.metric}": float(lam) for c, lam in zip(cons, lambdas, strict=True)})
             record.update({f"expected_{k}": float(v.detach()) for k, v in costs.items()})
@@ -316,6 +318,20 @@ def run_search(
             bar.set_postfix({k.removeprefix("expected_"): f"{v:.3g}" for k, v in record.items() if k not in ("step", "tau")}, refresh=False)
             if on_step is not None:
                 on_step(record)
+
+        def argmax_violation() -> torch.Tensor:
+            """Per constraint, the violation of the real bound by the most probable architecture (0 where it holds)."""
+            h, att, ffn, q = (t.detach().argmax(-1) for t in current())
+            costs = cost_model.predict(space.architecture(int(h), att.tolist(), ffn.tolist(), int(q)))
+            return torch.stack([violation(c, torch.tensor(costs[c.metric], dtype=torch.float64)) for c in cons]).clamp(min=0.0)
+
+        bar = tqdm(range(spec.steps), desc="search", disable=not progress, dynamic_ncols=True)
+        for step in bar:
+            one_step(step, settings.tau_start * (settings.tau_end / settings.tau_start) ** (step / max(1, spec.steps - 1)))
+        settled = 0
+        while settled < spec.settle_steps and bool((hard := argmax_violation()).gt(1e-9).any()):
+            one_step(spec.steps + settled, settings.tau_end, hard)  # the argmax misses a bound: push on, at the final temperature
+            settled += 1
         masked.clear()
         final = current()
         h, att, ffn, q = (t.detach().argmax(-1) for t in final)
@@ -342,6 +358,7 @@ def run_search(
         perplexity=ppl_report,
         repair_steps=repairs,
         fill_steps=fills,
+        settle_steps=settled,
         repaired=repaired,
         logits=tuple(t.detach() for t in final),
         wall_s=time.time() - start,

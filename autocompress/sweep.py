@@ -27,10 +27,11 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from autocompress import __version__
+from autocompress.cliargs import hydra_entry
+from autocompress.cliargs import task as hydra_task
 from autocompress.compose import plain
 from autocompress.config import METRICS, Constraint, LagrangianSettings, RunSpec, run_spec_from_dict
 from autocompress.cost import CostModel
-from autocompress.cliargs import hydra_entry, task
 from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.pareto import COST_DIRECTIONS, QUALITY, pareto_frame
 from autocompress.prepare import Prepared, log, prepare
@@ -316,7 +317,9 @@ def new_run_dir(spec: RunSpec) -> Path:
             "remove the folder); choose another results.run_id"
         ) from None
     except OSError as exc:
-        raise ConfigError(f"results.dir={spec.results_dir}: cannot create {run_dir} ({exc.strerror or exc}); choose a folder you can write") from exc
+        raise ConfigError(
+            f"results.dir={spec.results_dir}: cannot create {run_dir} ({exc.strerror or exc}); choose a folder you can write"
+        ) from exc
     return run_dir
 
 
@@ -578,7 +581,7 @@ def resume_mode(data: dict[str, Any], resume: Any) -> str:
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-@task
+@hydra_task
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 

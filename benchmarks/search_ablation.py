@@ -28,15 +28,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare_minitron import cpu  # noqa: E402
-from search_quality import SETTINGS, shape  # noqa: E402
+from compare_minitron import cpu
+from search_quality import SETTINGS, shape
 
-from autocompress.arch import Architecture  # noqa: E402
-from autocompress.baselines import meets  # noqa: E402
-from autocompress.compose import compose_spec  # noqa: E402
-from autocompress.masking import MaskedModel  # noqa: E402
-from autocompress.prepare import prepare  # noqa: E402
-from autocompress.search import evaluate, fill, repair, run_search  # noqa: E402
+from autocompress.arch import Architecture
+from autocompress.baselines import meets
+from autocompress.compose import compose_spec
+from autocompress.masking import MaskedModel
+from autocompress.prepare import prepare
+from autocompress.search import evaluate, fill, repair, run_search
 
 VARIANTS = ("argmax", "repair_probe1", "repair_probe1_fill", "repair", "repair_fill")
 
@@ -54,7 +54,7 @@ def bench_scenario(name: str, n_settings: int, overrides: list[str]) -> dict[str
         masked = MaskedModel(model, space, inputs.ranking)
         probe1 = inputs.calib[:1], inputs.teacher_calib[:1]
 
-        def quality1(a: Architecture) -> float:
+        def quality1(a: Architecture, masked: MaskedModel = masked, probe1: tuple = probe1) -> float:
             return evaluate(model, masked, a, *probe1)[0]
 
         rep1, steps1 = repair(res.argmax, space, cm, cons, res.logits, quality1, spec.search.candidates)
@@ -96,10 +96,10 @@ def markdown(results: list[dict[str, Any]]) -> str:
     for r in results:
         for row in r["settings"]:
             s = row["settings"]
-            cells = [
-                f"{row[k]['kl']:.3f} ({row[k]['params'] / 1e6:.0f}M{'' if row[k]['feasible'] else ', infeasible'})" for k in VARIANTS
-            ]
-            lines.append(f"| {r['scenario']} | margin {s['margin']}, dual_lr {s['dual_lr']}, seed {s['seed']} | " + " | ".join(cells) + " |")
+            cells = [f"{row[k]['kl']:.3f} ({row[k]['params'] / 1e6:.0f}M{'' if row[k]['feasible'] else ', infeasible'})" for k in VARIANTS]
+            lines.append(
+                f"| {r['scenario']} | margin {s['margin']}, dual_lr {s['dual_lr']}, seed {s['seed']} | " + " | ".join(cells) + " |"
+            )
         picked = [("n/a" if r[k] is None else f"**{r[k]['kl']:.3f}**") for k in VARIANTS]
         lines.append(f"| {r['scenario']} | pick (lowest selection KL) | " + " | ".join(picked) + " |")
     return "\n".join(lines)

@@ -154,7 +154,11 @@ def test_unwritable_outputs_are_refused_before_any_work(tmp_path: Path) -> None:
 
     afile = tmp_path / "a_file"
     afile.write_text("x")
-    for bad, message in ((afile, "is a file; give a folder"), (afile / "sub", "is a file, not a folder"), (Path("/sys/kernel/x"), "cannot be written")):
+    for bad, message in (
+        (afile, "is a file; give a folder"),
+        (afile / "sub", "is a file, not a folder"),
+        (Path("/sys/kernel/x"), "cannot be written"),
+    ):
         with pytest.raises(ConfigError, match=message):
             check_writable(bad, "out")
     check_writable(tmp_path / "new" / "deeper", "out")

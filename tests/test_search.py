@@ -62,6 +62,21 @@ def test_each_bound_is_met(prepared) -> None:  # type: ignore[no-untyped-def]
     assert tight.architecture.num_params() <= loose.architecture.num_params()
 
 
+def test_settle_pushes_on_until_the_argmax_fits(prepared) -> None:  # type: ignore[no-untyped-def]
+    """Multipliers too weak to move the argmax within the schedule: without settling repair must act; with it the argmax fits."""
+    spec, p = prepared
+    base_ttft = p.cost_model.predict(p.space.largest())["ttft_ms"]
+    inputs = dataclasses.replace(p.inputs, constraints=(Constraint("ttft_ms", 0.6 * base_ttft),))
+    weak = LagrangianSettings(lambda_init=0.0, dual_lr=0.05)
+    plain = run_search(p.base.model, inputs, p.cost_model, spec.search, weak)
+    assert plain.settle_steps == 0 and plain.repair_steps > 0
+    steps: list[dict[str, float]] = []
+    settled = run_search(p.base.model, inputs, p.cost_model, dataclasses.replace(spec.search, settle_steps=100), weak, on_step=steps.append)
+    assert 0 < settled.settle_steps < 100 and settled.repair_steps == 0 and settled.all_feasible
+    assert len(steps) == spec.search.steps + settled.settle_steps
+    assert steps[-1]["lambda_ttft_ms"] > steps[spec.search.steps - 1]["lambda_ttft_ms"]  # the argmax's violation raised it
+
+
 def test_repair_reaches_feasibility_and_follows_measured_quality() -> None:
     from autocompress.arch import Architecture, SearchSpace
     from autocompress.config import Hardware, SpaceSpec, Workload
@@ -112,7 +127,9 @@ def test_fill_spends_slack_without_breaking_the_target() -> None:
     base = cm.predict(space.largest())["ttft_ms"]
     bound = (Constraint("ttft_ms", 0.8 * base),)
     flat = (torch.zeros(len(space.hidden)), torch.zeros(30, len(space.attention)), torch.zeros(30, len(space.ffn)), torch.zeros(3))
-    small = space.architecture(len(space.hidden) - 1, [len(space.attention) - 1] * 30, [0] * 30, len(space.heads) - 1)  # every FFN at its smallest
+    small = space.architecture(
+        len(space.hidden) - 1, [len(space.attention) - 1] * 30, [0] * 30, len(space.heads) - 1
+    )  # every FFN at its smallest
 
     def quality(a: Architecture) -> float:  # more FFN is better: every upgrade helps
         return -sum(b.ffn for b in a.blocks) / 1e4

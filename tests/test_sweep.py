@@ -66,7 +66,14 @@ def test_existing_run_id_is_refused(tmp_path: Path) -> None:
 @pytest.mark.ray
 def test_trial_no_node_can_run_is_refused_before_the_run_folder(tmp_path: Path) -> None:
     """sweep.cpus_per_trial beyond every node: one clear line and exit 2, not a Tune run that waits forever."""
-    args = ["+scenario=cpu_interactive", *TINY_CPU, "sweep.num_trials=1", "sweep.cpus_per_trial=64", f"results.dir={tmp_path}", "results.run_id=r"]
+    args = [
+        "+scenario=cpu_interactive",
+        *TINY_CPU,
+        "sweep.num_trials=1",
+        "sweep.cpus_per_trial=64",
+        f"results.dir={tmp_path}",
+        "results.run_id=r",
+    ]
     out = run_cli("autocompress.sweep", *args, timeout=180)
     assert out.returncode == 2, out.stderr[-2000:]
     line = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
@@ -85,10 +92,10 @@ def test_trial_fits_only_on_a_node_that_has_all_of_it(monkeypatch: pytest.Monkey
     monkeypatch.setattr(ray, "nodes", lambda: nodes)
     check_trial_fits(2, 1)
     check_trial_fits(16, 0)
-    with pytest.raises(ConfigError, match=r"sweep.gpus_per_trial=1, but no node .*at most 16 CPUs, at most 1 GPUs"):
+    with pytest.raises(ConfigError, match=r"sweep\.gpus_per_trial=1, but no node .*at most 16 CPUs, at most 1 GPUs"):
         check_trial_fits(4, 1)  # 16 CPUs on one node, the GPU on another: no single node runs the trial
     nodes[1]["Alive"] = False
-    with pytest.raises(ConfigError, match="sweep.cpus_per_trial=2 and sweep.gpus_per_trial=1"):
+    with pytest.raises(ConfigError, match=r"sweep\.cpus_per_trial=2 and sweep\.gpus_per_trial=1"):
         check_trial_fits(2, 1)
 
 
@@ -105,8 +112,17 @@ def test_a_run_that_fails_before_it_starts_leaves_no_folder(tmp_path: Path) -> N
 
 def test_bad_optuna_storage_is_refused_before_the_run_folder(tmp_path: Path) -> None:
     """A sweep.optuna_storage that cannot be opened: one error line naming it, and no failed run folder left behind."""
-    args = ["+scenario=cpu_interactive", *TINY_CPU, "sweep=optuna", "sweep.optuna_storage=nosuchdb://x", f"results.dir={tmp_path}", "results.run_id=o"]
+    args = [
+        "+scenario=cpu_interactive",
+        *TINY_CPU,
+        "sweep=optuna",
+        "sweep.optuna_storage=nosuchdb://x",
+        f"results.dir={tmp_path}",
+        "results.run_id=o",
+    ]
     out = run_cli("autocompress.sweep", *args, timeout=120)
     errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
-    assert out.returncode == 2 and len(errors) == 1 and "sweep.optuna_storage='nosuchdb://x' cannot be opened" in errors[0], out.stderr[-2000:]
+    assert out.returncode == 2 and len(errors) == 1 and "sweep.optuna_storage='nosuchdb://x' cannot be opened" in errors[0], out.stderr[
+        -2000:
+    ]
     assert not (tmp_path / "cpu_interactive" / "o").exists()
