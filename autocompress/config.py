@@ -286,7 +286,7 @@ class SearchSpec:
     init_bias: float = 2.0  # initial logit advantage of the largest option (start near the teacher)
     straight_through: bool = False  # hard one-hot samples forward (else relaxed mixtures)
     settle_steps: int = 0  # at most this many extra steps while the argmax misses a bound (multipliers follow its violation)
-    probe_sequences: int = 4  # calibration sequences that measure each repair / fill candidate
+    probe_sequences: int = 1  # calibration sequences that measure each repair / fill candidate
     candidates: int = 3  # repair / fill moves measured per step (the search's distributions rank them)
     fill: bool = True  # after repair, spend the slack left inside the margin-tightened bounds
     threads: int = 0  # torch threads per search; 0 = the CPUs Ray gives the trial
