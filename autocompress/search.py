@@ -8,7 +8,7 @@ constraint c by the expected cost under the current distributions; lambda_c >= 0
 ascent (or stays fixed when dual_lr = 0). Weights are frozen: only the architecture logits learn.
 The most probable architecture is then repaired (downgraded until every bound holds) and filled
 (upgraded into the slack left inside the margin-tightened bounds), each move chosen among the few
-the final distributions favour by KL measured on a few calibration sequences.
+the final distributions favour by KL on `search.probe_sequences` calibration sequences.
 """
 
 from __future__ import annotations
