@@ -87,7 +87,7 @@ def point_names(run: Run) -> dict[str, str]:
 
 def base_quality(run: Run, quality: str) -> float | None:
     """The unpruned model's quality: KL 0 by definition, others when metadata records `base_<quality>`."""
-    if quality == "kl":
+    if quality in ("kl", "kl_select"):
         return 0.0
     value = run.metadata.get(f"base_{quality}")
     return None if value is None else float(value)
@@ -121,7 +121,7 @@ class ParetoInfo(NamedTuple):
 
 
 def pareto_info(run: Run, quality: str, cost: str) -> ParetoInfo:
-    """Quality against `cost`: feasible front recomputed on this quality (equal to front_<cost> for KL)."""
+    """Quality against `cost`: feasible front recomputed on this quality (equal to front_<cost> for kl_select)."""
     trials = searched(run.trials)
     trials = trials[trials[quality].notna() & trials[cost].notna()]
     low_q, low_c = lower_is_better(quality), COST_DIRECTIONS[cost] == "min"

@@ -121,7 +121,7 @@ def test_unfinished_folders_are_refused_by_name(tmp_path: Path, make: object, me
 def test_pareto_info_agrees_with_pareto_parquet(tiny_run: Path) -> None:
     run = results.load_run(tiny_run)
     for cost in COST_DIRECTIONS:
-        info = figures.pareto_info(run, "kl", cost)
+        info = figures.pareto_info(run, "kl_select", cost)  # pareto.parquet's fronts are on the selection split
         on_front = set(info.points.loc[info.points["on_front"], "trial_id"])
         assert on_front == set(run.pareto.loc[run.pareto[f"front_{cost}"], "trial_id"])
         assert info.base == (run.base_costs[cost], 0.0)
