@@ -165,9 +165,7 @@ def slug(run: Run) -> str:
 
 def write_report(runs: Sequence[Run], out: Path) -> Path:
     """Figures, then report.md; returns the path of report.md."""
-    if out.exists() and not out.is_dir():
-        raise RunFolderError(f"--out {out} is a file; give a folder")
-    check_writable(out, "--out")
+    check_writable(out, "--out")  # a file, or a folder that cannot be written: one error before any figure
     out.mkdir(parents=True, exist_ok=True)
     many = len(runs) > 1
     sections = [run_section(run, draw_run(run, out, slug(run) if many else ""), out) for run in runs]

@@ -122,23 +122,24 @@ def evaluate(
 Move = tuple[int, list[int], list[int], int]  # option indices: hidden, attention per layer, FFN per layer, query heads
 
 
-def _downgrades(idx: Move, logp: list[torch.Tensor], floor: tuple[int, ...]) -> list[tuple[Move, float]]:
-    """Every single-decision downgrade of `idx` the space allows, with the log-probability it gives up."""
+def _moves(idx: Move, logp: list[torch.Tensor], space: SearchSpace, step: int) -> list[tuple[Move, float]]:
+    """Every single-decision move of `idx` by `step` (-1: one option down, +1: one up) the space allows,
+    with the log-probability it gains under `logp` (negative: what a move gives up)."""
     h, att, ffn, q = idx
     moves: list[tuple[Move, float]] = []
-    if h > 0:
-        moves.append(((h - 1, att, ffn, q), float(logp[0][h] - logp[0][h - 1])))
-    if q > 0:
-        moves.append(((h, att, ffn, q - 1), float(logp[3][q] - logp[3][q - 1])))
+    if 0 <= h + step < len(space.hidden):
+        moves.append(((h + step, att, ffn, q), float(logp[0][h + step] - logp[0][h])))
+    if 0 <= q + step < len(space.heads):
+        moves.append(((h, att, ffn, q + step), float(logp[3][q + step] - logp[3][q])))
     for layer in range(len(att)):
-        if att[layer] > floor[layer]:
+        if space.attention_floor[layer] <= att[layer] + step < len(space.attention):
             a2 = att.copy()
-            a2[layer] -= 1
-            moves.append(((h, a2, ffn, q), float(logp[1][layer, att[layer]] - logp[1][layer, a2[layer]])))
-        if ffn[layer] > 0:
+            a2[layer] += step
+            moves.append(((h, a2, ffn, q), float(logp[1][layer, a2[layer]] - logp[1][layer, att[layer]])))
+        if 0 <= ffn[layer] + step < len(space.ffn):
             f2 = ffn.copy()
-            f2[layer] -= 1
-            moves.append(((h, att, f2, q), float(logp[2][layer, ffn[layer]] - logp[2][layer, f2[layer]])))
+            f2[layer] += step
+            moves.append(((h, att, f2, q), float(logp[2][layer, f2[layer]] - logp[2][layer, ffn[layer]])))
     return moves
 
 
@@ -169,7 +170,8 @@ def repair(
     base_quality = quality(arch) if quality is not None and current > 1e-9 else 0.0
     while current > 1e-9:
         scored = []
-        for move, cost in _downgrades(idx, logp, space.attention_floor):
+        for move, logp_gain in _moves(idx, logp, space, -1):
+            cost = -logp_gain  # the log-probability the downgrade gives up
             gain = current - total_violation(space.architecture(*move))
             if gain > 0:
                 scored.append((gain / (max(cost, 0.0) + 1e-3), gain, move))
@@ -184,26 +186,6 @@ def repair(
             base_quality = quality(space.architecture(*move))
         idx, current, steps = move, current - gain, steps + 1
     return space.architecture(*idx), steps
-
-
-def _upgrades(idx: Move, logp: list[torch.Tensor], space: SearchSpace) -> list[tuple[Move, float]]:
-    """Every single-decision upgrade of `idx` the space allows, with the log-probability it gains (may be negative)."""
-    h, att, ffn, q = idx
-    moves: list[tuple[Move, float]] = []
-    if h + 1 < len(space.hidden):
-        moves.append(((h + 1, att, ffn, q), float(logp[0][h + 1] - logp[0][h])))
-    if q + 1 < len(space.heads):
-        moves.append(((h, att, ffn, q + 1), float(logp[3][q + 1] - logp[3][q])))
-    for layer in range(len(att)):
-        if att[layer] + 1 < len(space.attention):
-            a2 = att.copy()
-            a2[layer] += 1
-            moves.append(((h, a2, ffn, q), float(logp[1][layer, a2[layer]] - logp[1][layer, att[layer]])))
-        if ffn[layer] + 1 < len(space.ffn):
-            f2 = ffn.copy()
-            f2[layer] += 1
-            moves.append(((h, att, f2, q), float(logp[2][layer, f2[layer]] - logp[2][layer, ffn[layer]])))
-    return moves
 
 
 def fill(
@@ -238,7 +220,7 @@ def fill(
     current, steps = quality(arch), 0
     while True:
         fitting = []
-        for move, gain in _upgrades(idx, logp, space):
+        for move, gain in _moves(idx, logp, space, +1):
             g = usage(space.architecture(*move))
             if all(v <= 0 for v in g):
                 fitting.append((gain, move, sum(max(0.0, b - a) for a, b in zip(now, g, strict=True))))

@@ -149,10 +149,10 @@ def test_fill_spends_slack_without_breaking_the_target() -> None:
 
 
 def _upgrades_of(arch, space):  # type: ignore[no-untyped-def]
-    from autocompress.search import _upgrades
+    from autocompress.search import _moves
 
     flat = [torch.zeros(len(space.hidden)), torch.zeros(30, len(space.attention)), torch.zeros(30, len(space.ffn)), torch.zeros(3)]
-    return _upgrades(space.indices(arch), flat, space)
+    return _moves(space.indices(arch), flat, space, +1)
 
 
 def test_search_respects_the_attention_floor(prepared) -> None:  # type: ignore[no-untyped-def]
