@@ -77,20 +77,25 @@ def test_settle_pushes_on_until_the_argmax_fits(prepared) -> None:  # type: igno
     assert steps[-1]["lambda_ttft_ms"] > steps[spec.search.steps - 1]["lambda_ttft_ms"]  # the argmax's violation raised it
 
 
-def test_repair_reaches_feasibility_and_follows_measured_quality() -> None:
+def smollm2_on_h100():  # type: ignore[no-untyped-def]
+    """SmolLM2-135M's search space and the analytic cost model of an H100 batched workload (no model loads)."""
     from autocompress.arch import Architecture, SearchSpace
     from autocompress.config import Hardware, SpaceSpec, Workload
     from autocompress.cost import AnalyticCostModel
-    from autocompress.search import repair
 
     from .test_arch import SMOLLM2
 
     space = SearchSpace.from_base(Architecture.from_llama_config(SMOLLM2), SpaceSpec())
-    cm = AnalyticCostModel(
-        space,
-        Hardware(name="h", peak_tflops=989.4, mem_bandwidth_gbs=3350, memory_gib=74.5),
-        Workload(name="w", prompt_len=1024, output_len=256, concurrency=256, context_len=4096),
-    )
+    hardware = Hardware(name="h", peak_tflops=989.4, mem_bandwidth_gbs=3350, memory_gib=74.5)
+    workload = Workload(name="w", prompt_len=1024, output_len=256, concurrency=256, context_len=4096)
+    return space, AnalyticCostModel(space, hardware, workload)
+
+
+def test_repair_reaches_feasibility_and_follows_measured_quality() -> None:
+    from autocompress.arch import Architecture
+    from autocompress.search import repair
+
+    space, cm = smollm2_on_h100()
     bound = (Constraint("ttft_ms", 0.8 * cm.predict(space.largest())["ttft_ms"]),)
     flat = (torch.zeros(len(space.hidden)), torch.zeros(30, len(space.attention)), torch.zeros(30, len(space.ffn)), torch.zeros(3))
     fixed, steps = repair(space.largest(), space, cm, bound, flat)
@@ -111,19 +116,10 @@ def test_repair_reaches_feasibility_and_follows_measured_quality() -> None:
 
 
 def test_fill_spends_slack_without_breaking_the_target() -> None:
-    from autocompress.arch import Architecture, SearchSpace
-    from autocompress.config import Hardware, SpaceSpec, Workload
-    from autocompress.cost import AnalyticCostModel
+    from autocompress.arch import Architecture
     from autocompress.search import fill
 
-    from .test_arch import SMOLLM2
-
-    space = SearchSpace.from_base(Architecture.from_llama_config(SMOLLM2), SpaceSpec())
-    cm = AnalyticCostModel(
-        space,
-        Hardware(name="h", peak_tflops=989.4, mem_bandwidth_gbs=3350, memory_gib=74.5),
-        Workload(name="w", prompt_len=1024, output_len=256, concurrency=256, context_len=4096),
-    )
+    space, cm = smollm2_on_h100()
     base = cm.predict(space.largest())["ttft_ms"]
     bound = (Constraint("ttft_ms", 0.8 * base),)
     flat = (torch.zeros(len(space.hidden)), torch.zeros(30, len(space.attention)), torch.zeros(30, len(space.ffn)), torch.zeros(3))
