@@ -308,6 +308,9 @@ class SweepSpec:
     num_trials: int = 8
     cpus_per_trial: float = 1.0
     gpus_per_trial: float = 0.0  # GPUs Ray reserves for each trial
+    memory_per_trial_gib: float | None = None  # Ray `memory` each trial reserves (None = none)
+    pending_warn_s: float = 60.0  # warn when trials stay pending this long with none running
+    pending_timeout_s: float | None = 1800.0  # then give up (None = wait for the cluster forever)
     max_concurrent_trials: int = 0  # 0 = as many as the cluster fits
     max_failures: int = 1  # retries of an errored trial
     ray_address: str | None = None  # None = start local Ray; "auto" or host:port = join a cluster
@@ -319,6 +322,11 @@ class SweepSpec:
         _positive("sweep.num_trials", self.num_trials)
         _positive("sweep.cpus_per_trial", self.cpus_per_trial)
         _positive("sweep.gpus_per_trial", self.gpus_per_trial, allow_zero=True)
+        if self.memory_per_trial_gib is not None:
+            _positive("sweep.memory_per_trial_gib", self.memory_per_trial_gib)
+        _positive("sweep.pending_warn_s", self.pending_warn_s)
+        if self.pending_timeout_s is not None:
+            _positive("sweep.pending_timeout_s", self.pending_timeout_s)
         _positive("sweep.max_concurrent_trials", self.max_concurrent_trials, allow_zero=True)
         _positive("sweep.max_failures", self.max_failures, allow_zero=True)
         if self.objective_cost not in METRICS:

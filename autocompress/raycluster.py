@@ -7,12 +7,16 @@ import os
 import re
 import signal
 import socket
+import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from autocompress.errors import ConfigError
+
+GIB = 1024**3
 
 AUTH_HINT = (
     "the cluster uses token authentication and this process has no valid token for it: set RAY_AUTH_MODE=token and "
@@ -75,20 +79,70 @@ def init_ray(address: str | None) -> None:
     python_sigterm()
 
 
-def check_trial_fits(cpus: float, gpus: float) -> None:
-    """Refuse, before any trial, resources per trial that no live node of the Ray cluster has (Tune would wait forever)."""
+def check_trial_fits(cpus: float, gpus: float, memory_gib: float | None = None) -> None:
+    """Refuse, before any trial, resources per trial that no live node of the Ray cluster has (Tune would wait forever).
+
+    memory_gib: Ray's `memory` resource a trial reserves (None = none reserved).
+    """
     import ray
 
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-    if any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in nodes):
+    need = float(memory_gib or 0) * GIB
+    if any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus and r.get("memory", 0) >= need for r in nodes):
         return
     top_cpu = max((r.get("CPU", 0) for r in nodes), default=0)
     top_gpu = max((r.get("GPU", 0) for r in nodes), default=0)
+    top_mem = max((r.get("memory", 0) for r in nodes), default=0) / GIB
+    asked = f"sweep.cpus_per_trial={cpus:g} and sweep.gpus_per_trial={gpus:g}"
+    has = f"a node has at most {top_cpu:g} CPUs, at most {top_gpu:g} GPUs"
+    if memory_gib:
+        asked = f"sweep.cpus_per_trial={cpus:g}, sweep.gpus_per_trial={gpus:g} and sweep.memory_per_trial_gib={memory_gib:g}"
+        has += f", at most {top_mem:.1f} GiB of Ray memory"
     raise ConfigError(
-        f"a trial asks for sweep.cpus_per_trial={cpus:g} and sweep.gpus_per_trial={gpus:g}, but no node of the Ray "
-        f"cluster has both (a node has at most {top_cpu:g} CPUs, at most {top_gpu:g} GPUs); lower them, or add a node "
-        "that size (an autoscaling cluster: start one first)"
+        f"a trial asks for {asked}, but no node of the Ray cluster has {'all of it' if memory_gib else 'both'} ({has}); "
+        "lower them, or add a node that size (an autoscaling cluster: start one first)"
     )
+
+
+class PendingWatch:
+    """Notices a sweep whose trials stay pending with none running (a cluster that cannot place them).
+
+    `step(trials)` is fed Tune's trial list at every controller step: after `warn_s` of pending trials
+    and nothing running it logs one warning naming the resources; after `timeout_s` (None = never) it
+    sets `timed_out`, which a Tune stopper (`stop_all`) turns into the end of the experiment. Any
+    running trial, or none pending, resets the clock.
+    """
+
+    def __init__(self, warn_s: float, timeout_s: float | None, resources: str, clock: Callable[[], float] = time.monotonic):
+        self.warn_s, self.timeout_s, self.resources, self.clock = warn_s, timeout_s, resources, clock
+        self.since: float | None = None
+        self.warned = self.timed_out = False
+
+    def step(self, statuses: list[str]) -> None:
+        if "RUNNING" in statuses or "PENDING" not in statuses:
+            self.since, self.warned = None, False
+            return
+        now = self.clock()
+        self.since = now if self.since is None else self.since
+        waited = now - self.since
+        if waited >= self.warn_s and not self.warned:
+            self.warned = True
+            limit = f"; giving up after {self.timeout_s:g} s (sweep.pending_timeout_s)" if self.timeout_s is not None else ""
+            print(
+                f"warning: no trial has started for {waited:.0f} s: the Ray cluster has no free node with {self.resources} "
+                f"(an autoscaling cluster may still be adding one){limit}",
+                file=sys.stderr,
+                flush=True,
+            )
+        if self.timeout_s is not None and waited >= self.timeout_s:
+            self.timed_out = True
+
+    def error(self, resume: str) -> ConfigError:
+        return ConfigError(
+            f"no trial could start for {self.timeout_s:g} s (sweep.pending_timeout_s): the Ray cluster has no free node with "
+            f"{self.resources}; add a node that size or lower the per-trial resources, then finish the run with {resume} "
+            "(finished trials are kept)"
+        )
 
 
 def python_sigterm() -> None:

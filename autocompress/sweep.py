@@ -35,7 +35,17 @@ from autocompress.cost import CostModel
 from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.pareto import COST_DIRECTIONS, QUALITY, pareto_frame
 from autocompress.prepare import Prepared, log, prepare
-from autocompress.raycluster import check_ray_address, check_trial_fits, fetch_dir, is_uri, mirror_files, start_ray, storage_join
+from autocompress.raycluster import (
+    GIB,
+    PendingWatch,
+    check_ray_address,
+    check_trial_fits,
+    fetch_dir,
+    is_uri,
+    mirror_files,
+    start_ray,
+    storage_join,
+)
 from autocompress.results import architecture_columns, feasibility_columns, trials_frame, write_json, write_parquet, write_text
 from autocompress.search import SearchInputs, SearchResult
 
@@ -44,7 +54,16 @@ SETTING_KEYS = [f.name for f in dataclasses.fields(LagrangianSettings)]
 OPTUNA_JOURNAL = "optuna.journal"
 RUN_FILES = ["config.yaml", "metadata.json", "ranking.safetensors", "trials.parquet", "pareto.parquet", OPTUNA_JOURNAL]
 # how a run executes, not what it computes: a resume may change these
-EXECUTION_KEYS = ("ray_address", "cpus_per_trial", "gpus_per_trial", "max_concurrent_trials", "max_failures")
+EXECUTION_KEYS = (
+    "ray_address",
+    "cpus_per_trial",
+    "gpus_per_trial",
+    "memory_per_trial_gib",
+    "pending_warn_s",
+    "pending_timeout_s",
+    "max_concurrent_trials",
+    "max_failures",
+)
 
 
 class Interrupted(Exception):
@@ -238,6 +257,31 @@ def _recorder(run: RunFolder, spec: RunSpec, rows: list[dict[str, Any]], total: 
             run.mirror()
 
     return TrialRecorder()
+
+
+def _watcher(watch: PendingWatch) -> Any:
+    """A Tune callback that feeds every controller step's trial states to `watch`."""
+    from ray import tune
+
+    class Watcher(tune.Callback):
+        def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
+            watch.step([t.status for t in trials])
+
+    return Watcher()
+
+
+def _stopper(watch: PendingWatch) -> Any:
+    """A Tune stopper that ends the experiment once `watch` has timed out (trials never stop on their own results)."""
+    from ray import tune
+
+    class Stopper(tune.Stopper):
+        def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+            return False
+
+        def stop_all(self) -> bool:
+            return watch.timed_out
+
+    return Stopper()
 
 
 # --------------------------------------------------------------------------- the run folder
@@ -467,7 +511,13 @@ def _fit(
     param_space, searcher, num_samples = tune_space(definition, spec, run.path, rows)
     if num_samples == 0:
         return
-    resources = {"cpu": spec.sweep.cpus_per_trial, "gpu": spec.sweep.gpus_per_trial}
+    sw = spec.sweep
+    resources = {"cpu": sw.cpus_per_trial, "gpu": sw.gpus_per_trial}
+    asked = f"{sw.cpus_per_trial:g} CPUs, {sw.gpus_per_trial:g} GPUs"
+    if sw.memory_per_trial_gib:
+        resources["memory"] = sw.memory_per_trial_gib * GIB
+        asked += f", {sw.memory_per_trial_gib:g} GiB"
+    watch = PendingWatch(sw.pending_warn_s, sw.pending_timeout_s, asked + " free for a trial")
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, spec=spec, inputs=prepared.inputs, cost_model=prepared.cost_model), resources
     )
@@ -485,12 +535,15 @@ def _fit(
             storage_path=run.tune_storage,
             verbose=0,
             failure_config=tune.FailureConfig(max_failures=spec.sweep.max_failures),
-            callbacks=[_recorder(run, spec, rows, spec.sweep.num_trials)],
+            callbacks=[_recorder(run, spec, rows, spec.sweep.num_trials), _watcher(watch)],
+            stop=_stopper(watch),
         ),
     )
     todo = spec.sweep.num_trials - len(rows)
     log(f"running {todo} of {spec.sweep.num_trials} searches on Ray Tune ({definition['searcher']}) -> {run.path}")
     tuner.fit()
+    if watch.timed_out:
+        raise watch.error(f"resume={run.path}")
 
 
 def _prepare(spec: RunSpec) -> Prepared:
@@ -498,7 +551,7 @@ def _prepare(spec: RunSpec) -> Prepared:
     started: list[Callable[[], None]] = []  # Ray starts once the spec is checked, while the teacher's outputs are computed
     prepared = prepare(spec, on_checked=lambda: started.append(start_ray(spec.sweep.ray_address)))
     started[0]()
-    check_trial_fits(spec.sweep.cpus_per_trial, spec.sweep.gpus_per_trial)
+    check_trial_fits(spec.sweep.cpus_per_trial, spec.sweep.gpus_per_trial, spec.sweep.memory_per_trial_gib)
     return prepared
 
 

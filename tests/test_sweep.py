@@ -126,3 +126,75 @@ def test_bad_optuna_storage_is_refused_before_the_run_folder(tmp_path: Path) -> 
         -2000:
     ]
     assert not (tmp_path / "cpu_interactive" / "o").exists()
+
+
+def test_memory_per_trial_is_checked_against_the_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sweep.memory_per_trial_gib beyond every node's Ray memory is refused like CPUs and GPUs."""
+    import ray
+
+    from autocompress.errors import ConfigError
+    from autocompress.raycluster import GIB, check_trial_fits
+
+    nodes = [
+        {"Alive": True, "Resources": {"CPU": 8.0, "memory": 6.0 * GIB}},
+        {"Alive": True, "Resources": {"CPU": 1.0, "memory": 40.0 * GIB}},
+    ]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    check_trial_fits(4, 0, 5)
+    check_trial_fits(1, 0, 30)
+    with pytest.raises(ConfigError, match=r"sweep\.memory_per_trial_gib=30, but no node .*at most 40\.0 GiB of Ray memory"):
+        check_trial_fits(4, 0, 30)  # the memory on one node, the CPUs on the other
+
+
+def test_pending_watch_warns_once_then_times_out(capsys: pytest.CaptureFixture[str]) -> None:
+    """Pending trials with none running: one warning after pending_warn_s, timed out after pending_timeout_s; a running trial resets it."""
+    from autocompress.raycluster import PendingWatch
+
+    now = [0.0]
+    watch = PendingWatch(10, 30, "2 CPUs free for a trial", clock=lambda: now[0])
+    for t, statuses in [(0, ["PENDING"]), (5, ["PENDING"]), (6, ["RUNNING", "PENDING"]), (7, ["PENDING"]), (16, ["PENDING"])]:
+        now[0] = t
+        watch.step(statuses)
+    assert not watch.warned and not watch.timed_out  # the clock restarted at 7 when the running trial ended
+    for t in (17, 20, 36):
+        now[0] = t
+        watch.step(["PENDING", "TERMINATED"])
+    assert watch.warned and not watch.timed_out
+    now[0] = 37
+    watch.step(["PENDING"])
+    assert watch.timed_out
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: no trial has started for 10 s") and "2 CPUs" in err[0]
+    assert "sweep.pending_timeout_s" in str(watch.error("resume=/r")) and "resume=/r" in str(watch.error("resume=/r"))
+    idle = PendingWatch(1, None, "x", clock=lambda: now[0])
+    for t in (0, 1e6):
+        now[0] = t
+        idle.step(["TERMINATED"])  # nothing pending: nothing to warn about
+    assert not idle.warned and not idle.timed_out
+
+
+@pytest.mark.ray
+def test_a_trial_that_never_starts_ends_the_tune_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Real Ray Tune: a trial no free node can take (as on an autoscaling cluster that adds none) stops the experiment at the timeout."""
+    import time
+
+    import ray
+    from ray import tune
+
+    from autocompress.raycluster import PendingWatch
+    from autocompress.sweep import _stopper, _watcher
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        watch = PendingWatch(1, 4, "2 CPUs free for a trial")
+        tuner = tune.Tuner(
+            tune.with_resources(lambda config: {"x": 1}, {"cpu": 2}),
+            tune_config=tune.TuneConfig(num_samples=1),
+            run_config=tune.RunConfig(storage_path=str(tmp_path), verbose=0, callbacks=[_watcher(watch)], stop=_stopper(watch)),
+        )
+        start = time.time()
+        tuner.fit()
+        assert watch.timed_out and time.time() - start < 60
+        assert "warning: no trial has started for 1 s" in capsys.readouterr().err
+    finally:
+        ray.shutdown()
