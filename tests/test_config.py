@@ -85,6 +85,9 @@ def test_grid_points_cut_and_cycle() -> None:
         (["scenario.constraints.ttft_ms=nanx"], "scenario.constraints.ttft_ms='nanx' is not understood"),
         (["workload.context_len=100"], "must be >= prompt_len + output_len"),
         (["results.run_id=../escape"], "results.run_id"),
+        (["sweep.memory_per_trial_gib=0"], "sweep.memory_per_trial_gib must be > 0"),
+        (["sweep.pending_timeout_s=nan"], "sweep.pending_timeout_s must be a finite number"),
+        (["sweep.pending_warn_s=-1"], "sweep.pending_warn_s must be > 0"),
     ],
 )
 def test_bad_values_name_their_key(overrides: list[str], message: str) -> None:
