@@ -55,6 +55,8 @@ class Hardware:
     prefill_eta_compute: float | None = None  # prefill's share of peak FLOP/s; None = eta_compute
     prefill_overhead_ms: float | None = None  # fixed cost per prefill chunk; None = step_overhead_ms
     gemm_half_rows: float = 0.0  # matmul rows at which half the achievable FLOP/s is reached (small-batch decode)
+    measure_peaks: bool = False  # CPUs: replace peak_tflops and mem_bandwidth_gbs by this CPU's measured ones (cached)
+    cpu: str | None = None  # CPUs: the CPU the figures are for (cpuinfo.key()), set when the scenario is built
     engine: str = "vllm"
     description: str = ""
 
@@ -83,11 +85,15 @@ class Workload:
     output_len: int  # generated tokens per request
     concurrency: int  # requests served together
     context_len: int  # max model length the engine must admit (>= prompt_len + output_len)
-    dtype: str = "bf16"  # weights and activations
+    dtype: str = "bf16"  # weights and activations; "auto" (CPU workloads): bf16 where the CPU has native bf16, else fp32
     kv_dtype: str | None = None  # KV cache; None = same as dtype
     description: str = ""
 
     def __post_init__(self) -> None:
+        if self.dtype == "auto":
+            from autocompress.cpuinfo import auto_dtype
+
+            object.__setattr__(self, "dtype", auto_dtype())
         for key in ("prompt_len", "output_len", "concurrency", "context_len"):
             _positive(f"workload.{key}", getattr(self, key))
         if self.context_len < self.prompt_len + self.output_len:
@@ -461,13 +467,26 @@ def scenario_from_dict(cfg: Mapping[str, Any]) -> Scenario:
     unknown = sorted(set(rest) - {"name", "description"})
     if unknown:
         raise ConfigError(f"unknown key(s) {', '.join('scenario.' + u for u in unknown)}")
+    workload = build(Workload, cfg["workload"], "workload")
     return Scenario(
         name=str(scenario.get("name") or "unnamed"),
         description=str(scenario.get("description") or ""),
-        hardware=build(Hardware, cfg["hardware"], "hardware"),
-        workload=build(Workload, cfg["workload"], "workload"),
+        hardware=on_this_cpu(build(Hardware, cfg["hardware"], "hardware"), workload.dtype),
+        workload=workload,
         constraints=constraints,
     )
+
+
+def on_this_cpu(hw: Hardware, dtype: str) -> Hardware:
+    """A CPU hardware config made this CPU's: its identity, and its measured peaks where `measure_peaks` asks."""
+    if hw.engine != "vllm-cpu":
+        return hw
+    from autocompress.cpuinfo import key, peaks
+
+    if not hw.measure_peaks:
+        return dataclasses.replace(hw, cpu=key())
+    measured = peaks(dtype)
+    return dataclasses.replace(hw, cpu=key(), peak_tflops=measured["peak_tflops"], mem_bandwidth_gbs=measured["mem_bandwidth_gbs"])
 
 
 def run_spec_from_dict(cfg: Mapping[str, Any]) -> RunSpec:

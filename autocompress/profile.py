@@ -29,6 +29,7 @@ from autocompress.cliargs import task as hydra_task
 from autocompress.compose import load_workload, plain
 from autocompress.config import Hardware, RunSpec, Workload, run_spec_from_dict
 from autocompress.cost.fitted import Measurement, fit_parameters, model_dir, ranges, save_record, validate
+from autocompress.cpuinfo import identity
 from autocompress.decilm import vllm_limitation
 from autocompress.engine import EngineSettings, arch_id, engine_settings, measure_many, require_vllm
 from autocompress.errors import AutoCompressError, ConfigError
@@ -73,7 +74,9 @@ def design(
 
 
 def measurements_path(results_dir: str | Path, hardware: Hardware) -> Path:
-    return model_dir(results_dir) / "measurements" / f"{hardware.name}__{hardware.engine}.parquet"
+    """One file per hardware + engine (+ CPU: measurements of one CPU never stand in for another's)."""
+    cpu = f"__{hardware.cpu}" if hardware.cpu else ""
+    return model_dir(results_dir) / "measurements" / f"{hardware.name}__{hardware.engine}{cpu}.parquet"
 
 
 def load_measurements(path: Path) -> pd.DataFrame:
@@ -98,6 +101,7 @@ def _row_meta(arch: Architecture, role: str, wl: Workload, spec: RunSpec, settin
         "concurrency": wl.concurrency,
         "dtype": wl.dtype,
         "hardware": spec.scenario.hardware.name,
+        "cpu": spec.scenario.hardware.cpu,
         "engine": settings.engine,
         "model": spec.model.name,
         "kv_cache_gib": settings.kv_cache_gib,
@@ -160,6 +164,8 @@ def fit_and_save(spec: RunSpec, space: SearchSpace, table: pd.DataFrame, workloa
     ok = table[table["status"] == "ok"]
     record = {
         "hardware": hw.name,
+        "cpu": hw.cpu,
+        "cpu_identity": identity() if hw.cpu else None,
         "engine": settings.engine,
         "engine_version": str(ok["engine_version"].iloc[0]) if "engine_version" in ok else None,
         "dtype": settings.dtype,
@@ -167,7 +173,7 @@ def fit_and_save(spec: RunSpec, space: SearchSpace, table: pd.DataFrame, workloa
         "kv_cache_gib": hw.kv_cache_gib,
         "model": spec.model.name,
         "workloads": [dataclasses.asdict(w) for w in workloads],
-        "parameters": {**params, "kv_cache_gib": hw.kv_cache_gib},
+        "parameters": {**params, "kv_cache_gib": hw.kv_cache_gib, "peak_tflops": hw.peak_tflops, "mem_bandwidth_gbs": hw.mem_bandwidth_gbs},
         "ranges": ranges(fit_data + hold),
         "n_fit": len(fit_data),
         "n_holdout": len(hold),

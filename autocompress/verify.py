@@ -52,6 +52,8 @@ def measured_columns(rows: list[dict[str, Any]], constraints: tuple[Constraint, 
         return cols | {"feasible_measured": False, "feasible_within_noise": False}
     cols |= {f"measured_{k}": float(row[v]) for k, v in MEASURED.items()}
     cols |= {f"measured_{k}_spread": float(row[v]) for k, v in SPREADS.items()}
+    if row.get("cpu"):
+        cols["measured_on_cpu"] = row["cpu"]  # CPUs of one kind differ several-fold
     strict, loose = True, True
     for c in constraints:
         value = cols[f"measured_{c.metric}"]

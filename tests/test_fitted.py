@@ -12,6 +12,7 @@ from autocompress.compose import compose_spec
 from autocompress.config import Hardware, SpaceSpec, Workload
 from autocompress.cost import AnalyticCostModel, FittedCostModel, get_cost_model
 from autocompress.cost.fitted import Measurement, fit_parameters, ranges, save_record, validate
+from autocompress.cpuinfo import key as cpu_key
 from autocompress.errors import ConfigError
 from autocompress.profile import design
 
@@ -63,7 +64,7 @@ def test_prior_keeps_unidentified_terms_near_the_config() -> None:
 
 def record(data: list[Measurement]) -> dict[str, object]:
     params = fit_parameters(space(), PRIOR, data)
-    return {"hardware": "cpu", "engine": "vllm-cpu", "parameters": params, "ranges": ranges(data), "validation": {}}
+    return {"hardware": "cpu", "engine": "vllm-cpu", "cpu": cpu_key(), "parameters": params, "ranges": ranges(data), "validation": {}}
 
 
 def test_sweeps_use_the_newest_fitted_model_for_their_hardware(tmp_path: Path) -> None:
@@ -80,6 +81,34 @@ def test_sweeps_use_the_newest_fitted_model_for_their_hardware(tmp_path: Path) -
     assert isinstance(get_cost_model(space(), other, tmp_path), AnalyticCostModel)  # nothing fitted for the H100
     with pytest.raises(ConfigError, match="was fitted for cpu/vllm-cpu"):
         get_cost_model(space(), other, tmp_path, str(first))
+
+
+def test_a_fit_from_another_cpu_is_never_applied(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """auto skips a fit measured on another CPU (saying so) or on an unrecorded one; an explicit file from another CPU is refused."""
+    data = synthetic([space().largest(), space().smallest()])
+    other = save_record({**record(data), "cpu": "intel-xeon__avx2-avx512f-avx512_bf16__2c"}, tmp_path)
+    save_record({k: v for k, v in record(data).items() if k != "cpu"}, tmp_path)  # a fit from before CPUs were recorded
+    scenario = compose_spec("+scenario=cpu_interactive").scenario
+    assert scenario.hardware.cpu == cpu_key()
+    assert isinstance(get_cost_model(space(), scenario, tmp_path), AnalyticCostModel)
+    err = capsys.readouterr().err
+    assert "measured on other CPUs (None, intel-xeon__avx2-avx512f-avx512_bf16__2c)" in err and cpu_key() in err
+    with pytest.raises(ConfigError, match=r"was measured on CPU intel-xeon.*a fit holds only on its CPU"):
+        get_cost_model(space(), scenario, tmp_path, str(other))
+    mine = save_record(record(data), tmp_path)
+    assert get_cost_model(space(), scenario, tmp_path).id == f"fitted/cpu/vllm-cpu/{mine.stem.rsplit('__', 1)[1]}"
+
+
+def test_a_fit_keeps_the_peaks_it_was_fitted_against(tmp_path: Path) -> None:
+    """A CPU's peaks may be measured again later; the fitted terms stay paired with the peaks of the fit."""
+    data = synthetic([space().largest(), space().smallest()])
+    rec = record(data)
+    rec["parameters"] = {**rec["parameters"], "peak_tflops": 0.5, "mem_bandwidth_gbs": 80.0}  # type: ignore[dict-item]
+    path = save_record(rec, tmp_path)
+    scenario = compose_spec("+scenario=cpu_interactive").scenario
+    cm = get_cost_model(space(), scenario, tmp_path, str(path))
+    assert isinstance(cm, FittedCostModel)
+    assert (cm._inner.hw.peak_tflops, cm._inner.hw.mem_bandwidth_gbs) == (0.5, 80.0)
 
 
 def test_extrapolation_is_flagged(tmp_path: Path) -> None:

