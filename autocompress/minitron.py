@@ -16,7 +16,7 @@ same in every layer. Every candidate that meets all constraints under the same c
 the `top_k` with the most parameters are scored by KL to the unpruned model on the selection split
 (the role of ModelOpt's `score_func`), and the best is chosen. Where no candidate meets the
 constraints within ModelOpt's limits (0.4 width, 0.2 depth), the limits are widened one step at a
-time (depth, then width) and the limits used are recorded. Deviations from ModelOpt: divisors are
+time (depth, then width) until `top_k` candidates meet them, and the limits used are recorded. Deviations from ModelOpt: divisors are
 the search space's (as for AutoCompress); layer 0 is never dropped (vLLM 0.32 cannot serve a
 DeciLM whose first layer has no attention); candidates must also lie in the search space.
 `prune_kv_groups=true` is an ablation, not Minitron: KV heads mean-pooled in groups, as the search does.
@@ -238,12 +238,27 @@ def limit_steps(spec: MinitronSpec) -> list[tuple[float, float]]:
 def feasible_candidates(
     space: SearchSpace, drop_order: list[int], cost_model: CostModel, constraints: tuple[Constraint, ...], spec: MinitronSpec
 ) -> tuple[list[Candidate], dict[str, Any]]:
-    """The candidates at the first limits that admit any, and those limits (`widened`: beyond ModelOpt's defaults)."""
+    """The feasible candidates and the limits they came from (`widened`: beyond ModelOpt's defaults).
+
+    Within ModelOpt's limits, whatever they admit (ModelOpt's own list, however short). When those admit
+    nothing, the limits are widened a step at a time until `top_k` candidates are feasible, so that the
+    score picks among as many as ModelOpt scores: stopping at the first step that admits one would
+    leave Minitron a choice of one to three models (rtx5080_game, 2026-12-01: three candidates at
+    0.4 / 0.4, all at hidden 384, report KL 4.22; the next step's pick keeps hidden 576, KL 2.21).
+    The widest limits tried hold if they never reach `top_k`.
+    """
+    defaults = (spec.max_width_pruning, spec.max_depth_pruning)
+    kept: tuple[list[Candidate], float, float] | None = None
     for width, depth in limit_steps(spec):
         found = enumerate_candidates(space, drop_order, cost_model, constraints, spec, width, depth)
         if found:
-            widened = (width, depth) != (spec.max_width_pruning, spec.max_depth_pruning)
-            return found, {"max_width_pruning": width, "max_depth_pruning": depth, "widened": widened}
+            kept = (found, width, depth)
+            if (width, depth) == defaults or len(found) >= spec.top_k:
+                break
+    if kept is not None:
+        found, width, depth = kept
+        widened = (width, depth) != defaults
+        return found, {"max_width_pruning": width, "max_depth_pruning": depth, "widened": widened}
     bounds = ", ".join(c.describe() for c in constraints)
     hint = "" if spec.widen else "; set compare.minitron.widen=true or raise max_width_pruning / max_depth_pruning"
     raise InfeasibleError(f"no homogeneous Minitron candidate in the search space meets {bounds}{hint}")

@@ -85,10 +85,27 @@ def test_limits_are_widened_step_by_step_and_recorded() -> None:
     assert found and limits["widened"] and (limits["max_width_pruning"], limits["max_depth_pruning"]) != (0.4, 0.2)
     assert limit_steps(MinitronSpec())[:4] == [(0.4, 0.2), (0.4, 0.3), (0.4, 0.4), (0.5, 0.4)]
     steps = limit_steps(MinitronSpec())
-    previous = steps[steps.index((limits["max_width_pruning"], limits["max_depth_pruning"])) - 1]
-    assert enumerate_candidates(space, order, cm, cons, MinitronSpec(), *previous) == []  # the first limits that admit any
+    at = steps.index((limits["max_width_pruning"], limits["max_depth_pruning"]))
+    assert len(found) >= MinitronSpec().top_k  # widened until the score has ModelOpt's top 10 to choose from ...
+    assert len(enumerate_candidates(space, order, cm, cons, MinitronSpec(), *steps[at - 1])) < MinitronSpec().top_k  # ... and no further
+    first, first_limits = feasible_candidates(space, order, cm, cons, MinitronSpec(top_k=1))
+    at1 = steps.index((first_limits["max_width_pruning"], first_limits["max_depth_pruning"]))
+    assert (
+        first and enumerate_candidates(space, order, cm, cons, MinitronSpec(), *steps[at1 - 1]) == []
+    )  # top_k=1: the first that admit any
+    assert at1 <= at
     with pytest.raises(InfeasibleError, match="widen"):
         feasible_candidates(space, order, cm, cons, MinitronSpec(widen=False))
+
+
+def test_default_limits_keep_a_short_list_as_modelopt_would() -> None:
+    """Within ModelOpt's own limits nothing is widened, however few candidates they admit."""
+    space, cm, cons = smollm2_setup(0.9, 0.9)
+    order = list(range(1, 30))
+    within = enumerate_candidates(space, order, cm, cons, MinitronSpec())
+    assert within
+    found, limits = feasible_candidates(space, order, cm, cons, MinitronSpec(top_k=len(within) + 5))
+    assert found == within and not limits["widened"]
 
 
 def test_kv_pooling_is_an_ablation_under_its_own_name() -> None:
