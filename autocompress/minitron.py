@@ -244,8 +244,10 @@ def feasible_candidates(
     nothing, the limits are widened a step at a time until `top_k` candidates are feasible, so that the
     score picks among as many as ModelOpt scores: stopping at the first step that admits one would
     leave Minitron a choice of one to three models (rtx5080_game, 2026-12-01: three candidates at
-    0.4 / 0.4, all at hidden 384, report KL 4.22; the next step's pick keeps hidden 576, KL 2.21).
-    The widest limits tried hold if they never reach `top_k`.
+    0.4 / 0.4, all at hidden 384, report KL 4.22; 19 at the next step, 0.5 / 0.4). The widest limits
+    tried hold if they never reach `top_k`. Which pair is best is not settled by this order: in that
+    scenario 0.4 / 0.5, off this path, picks hidden 576 with 16 layers at KL 2.21
+    (benchmarks/minitron_limits.py).
     """
     defaults = (spec.max_width_pruning, spec.max_depth_pruning)
     kept: tuple[list[Candidate], float, float] | None = None
