@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -30,21 +29,11 @@ from typing import Any
 
 import pandas as pd
 
+from autocompress import cpuinfo
+
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ["rtx5070_coding", "rtx5080_game", "h100_batched", "cpu_interactive"]
 C4 = ROOT.parent / "shared" / "data" / "corpora" / "c4_sample"
-
-
-def cpu() -> dict[str, str]:
-    """The CPU the figures were measured on (machines of one kind differ: AVX2-only or AVX-512)."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), platform.processor())
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    return {
-        "model": name,
-        "simd": " ".join(f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")),
-        "cores": str(os.cpu_count()),
-    }
 
 
 def run(cmd: list[str], log: Path) -> float:
@@ -78,7 +67,7 @@ def bench_scenario(name: str, args: argparse.Namespace, log: Path) -> dict[str, 
     for src in (out / "compare.json", out / "compare.md", out / "minitron" / "candidates.parquet"):
         shutil.copy(src, keep / src.name)
     command = " ".join(["python -m autocompress.compare", *compare])
-    (keep / "machine.json").write_text(json.dumps({"cpu": cpu(), "command": command, "seconds": seconds}, indent=2) + "\n")
+    (keep / "machine.json").write_text(json.dumps({"cpu": cpuinfo.identity(), "command": command, "seconds": seconds}, indent=2) + "\n")
     return {
         "scenario": name,
         "run": str(run_dir),
@@ -112,7 +101,7 @@ def main() -> None:
     out = ROOT / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     log = out.with_suffix(".log")
-    report = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": cpu(), "scenarios": []}
+    report = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": cpuinfo.identity(), "scenarios": []}
     for name in args.scenario or SCENARIOS:
         result = bench_scenario(name, args, log)
         report["scenarios"].append(result)

@@ -28,12 +28,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare_minitron import cpu
 from search_quality import SETTINGS, shape
 
 from autocompress.arch import Architecture
 from autocompress.baselines import meets
 from autocompress.compose import compose_spec
+from autocompress.cpuinfo import identity as cpu
 from autocompress.masking import MaskedModel
 from autocompress.prepare import prepare
 from autocompress.search import evaluate, fill, repair, run_search

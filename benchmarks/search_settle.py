@@ -24,11 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare_minitron import cpu
-
 from autocompress.baselines import meets
 from autocompress.compose import compose_spec
 from autocompress.config import LagrangianSettings
+from autocompress.cpuinfo import identity as cpu
 from autocompress.masking import MaskedModel
 from autocompress.prepare import prepare
 from autocompress.search import evaluate, run_search
