@@ -259,12 +259,17 @@ def minitron_stage(job: CompareJob, ctx: Context, out: Path) -> None:
     report = ctx.data.report
     kl_report, ppl_report = evaluate(model, masked, best.arch, report, teacher_hidden(model, report, desc="teacher (report)"))
     masked.remove()
-    limits = ", ".join(f"{k} {v}" for k, v in res.limits.items())
+    lim = res.limits
+    scored_pairs = sorted({pair for pairs in res.scored["limits"] for pair in pairs})
+    limits = f"the pick's max_width_pruning {lim['max_width_pruning']} / max_depth_pruning {lim['max_depth_pruning']}" + (
+        f", widened beyond ModelOpt's defaults; pairs scored: {', '.join(scored_pairs)}" if lim["widened"] else ""
+    )
     card = (
         f"# {spec.model.name}, pruned by the {mspec.label} baseline for `{spec.scenario.name}`\n\n"
         f"Homogeneous: hidden {best.hidden}, {best.heads} query heads, {best.kv_heads} KV heads, FFN {best.ffn}, "
         f"dropped blocks {list(best.dropped) or 'none'}; {best.params:,} parameters; best selection-split KL of the top "
-        f"{mspec.top_k} of {res.feasible} feasible homogeneous candidates (limits: {limits}; cost model `{ctx.cost_model.id}`)."
+        f"{mspec.top_k} per limit pair, {len(res.scored)} scored of {res.feasible} feasible homogeneous candidates "
+        f"(limits: {limits}; cost model `{ctx.cost_model.id}`)."
     )
     out.mkdir(parents=True, exist_ok=True)
     minitron.write_checkpoint(model, ctx.tokenizer, space, res.ranking, best.arch, out / "pruned", report[:4], card)
@@ -353,6 +358,12 @@ def _measure(ctx: Context, models: list[Model], path: Path) -> None:
     write_json(measured, path)
 
 
+def minitron_widening() -> str:
+    from autocompress.minitron import WIDENING
+
+    return WIDENING
+
+
 def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Model]:
     """Both pruned checkpoints: the AutoCompress trial through the export, Minitron's pick through the same slicing."""
     from autocompress.arch import Architecture
@@ -364,6 +375,7 @@ def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Mo
     stages.run("autocompress/pruned", key, request.out, partial(export, request))
     mkey = {
         "minitron": dataclasses.asdict(job.compare.minitron),
+        "widening": minitron_widening(),  # a pick made under an older widening rule is not reused
         "cost_model": cost_model.id,
         "data": dataclasses.asdict(ctx.spec.data),
         "constraints": [dataclasses.asdict(c) for c in ctx.constraints],

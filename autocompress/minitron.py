@@ -15,8 +15,9 @@ choices (depth: `max_depth_pruning`) is kept, `sorted(choices)[int((1 - p) * len
 same in every layer. Every candidate that meets all constraints under the same cost model is kept,
 the `top_k` with the most parameters are scored by KL to the unpruned model on the selection split
 (the role of ModelOpt's `score_func`), and the best is chosen. Where no candidate meets the
-constraints within ModelOpt's limits (0.4 width, 0.2 depth), the limits are widened one step at a
-time (depth, then width) until `top_k` candidates meet them, and the limits used are recorded. Deviations from ModelOpt: divisors are
+constraints within ModelOpt's limits (0.4 width, 0.2 depth), the limits are widened a level at a time
+(every pair raised by the same total) until one pair admits `top_k` candidates; the top-k of every pair
+of that level are scored alike, and the limits of the pick and all pairs tried are recorded. Deviations from ModelOpt: divisors are
 the search space's (as for AutoCompress); layer 0 is never dropped (vLLM 0.32 cannot serve a
 DeciLM whose first layer has no attention); candidates must also lie in the search space.
 `prune_kv_groups=true` is an ablation, not Minitron: KV heads mean-pooled in groups, as the search does.
@@ -44,6 +45,7 @@ from autocompress.masking import MaskedModel, Ranking
 from autocompress.search import evaluate
 
 WIDEN_STEP = 0.1  # how far each widening step raises one limit
+WIDENING = "levels-scored"  # the widening rule (feasible_candidates); compare's stage key holds it
 LAYERS_DIVISOR = 2  # ModelOpt's default num_layers_divisor: layer counts are even (or the full depth)
 
 
@@ -54,7 +56,7 @@ class MinitronSpec:
     top_k: int = 10  # candidates (most parameters first) scored on the selection split
     max_width_pruning: float = 0.4  # ModelOpt's default: keep the top 40 % of each width axis's choices
     max_depth_pruning: float = 0.2  # ModelOpt's default: keep the top 20 % of the layer-count choices
-    widen: bool = True  # no candidate within the limits: raise them one step at a time (recorded)
+    widen: bool = True  # no candidate within the limits: raise them a level at a time, the score picks among the level's pairs (recorded)
     prune_kv_groups: bool = False  # ablation, not Minitron: KV heads mean-pooled in groups as the search does
     importance_sequences: int = 16  # calibration sequences for the activation importance
     score_sequences: int | None = None  # selection-split sequences for the score (KL to the unpruned model); None = all
@@ -221,49 +223,76 @@ def enumerate_candidates(
     return found
 
 
-def limit_steps(spec: MinitronSpec) -> list[tuple[float, float]]:
-    """(width, depth) limits to try: the spec's, then (when `widen`) depth raised a step at a time up to the
-    width limit, then both alternately."""
-    steps = [(spec.max_width_pruning, spec.max_depth_pruning)]
-    width, depth = steps[0]
-    while spec.widen and (width < 0.9 - 1e-9 or depth < 0.9 - 1e-9):
-        if (depth < width - 1e-9 and depth < 0.9 - 1e-9) or width >= 0.9 - 1e-9:
-            depth = round(min(0.9, depth + WIDEN_STEP), 6)
-        else:
-            width = round(min(0.9, width + WIDEN_STEP), 6)
-        steps.append((width, depth))
-    return steps
+def limit_levels(spec: MinitronSpec) -> list[list[tuple[float, float]]]:
+    """(width, depth) limit pairs to try, by level: level 0 is the spec's pair; level n (when `widen`) every pair
+    raised n steps of `WIDEN_STEP` in total over the spec's (neither limit lowered, neither above 0.9), depth
+    raised most first."""
+    w0, d0 = spec.max_width_pruning, spec.max_depth_pruning
+    levels = [[(w0, d0)]]
+    if not spec.widen:
+        return levels
+    w_room, d_room = (max(0, round((0.9 - x) / WIDEN_STEP)) for x in (w0, d0))
+    for n in range(1, w_room + d_room + 1):
+        ups = range(max(0, n - d_room), min(n, w_room) + 1)  # steps given to width, the rest to depth
+        levels.append([(round(w0 + up * WIDEN_STEP, 6), round(d0 + (n - up) * WIDEN_STEP, 6)) for up in ups])
+    return levels
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """The feasible candidates (most parameters first) at one pair of limits."""
+
+    width: float
+    depth: float
+    candidates: list[Candidate]
 
 
 def feasible_candidates(
     space: SearchSpace, drop_order: list[int], cost_model: CostModel, constraints: tuple[Constraint, ...], spec: MinitronSpec
-) -> tuple[list[Candidate], dict[str, Any]]:
-    """The feasible candidates and the limits they came from (`widened`: beyond ModelOpt's defaults).
+) -> tuple[list[Admitted], dict[str, Any]]:
+    """The limit pairs whose candidates the score chooses among, and a record of the limits tried.
 
     Within ModelOpt's limits, whatever they admit (ModelOpt's own list, however short). When those admit
-    nothing, the limits are widened a step at a time until `top_k` candidates are feasible, so that the
-    score picks among as many as ModelOpt scores: stopping at the first step that admits one would
-    leave Minitron a choice of one to three models (rtx5080_game, 2026-12-01: three candidates at
-    0.4 / 0.4, all at hidden 384, report KL 4.22; 19 at the next step, 0.5 / 0.4). The widest limits
-    tried hold if they never reach `top_k`. Which pair is best is not settled by this order: in that
-    scenario 0.4 / 0.5, off this path, picks hidden 576 with 16 layers at KL 2.21
-    (benchmarks/minitron_limits.py).
+    nothing, the limits are widened a level at a time (`limit_levels`: every pair raised the same total
+    number of steps) until one pair admits `top_k` candidates; every pair of that level that admits any is
+    kept, and the score (selection-split KL) decides among their top-k lists, as it decides within one. A
+    fixed order of pairs would decide for it: in rtx5080_game (2026-12-01) widening depth, then width, one
+    step at a time reached 0.5 / 0.4 (hidden 320-448), while 0.4 / 0.5, the same total widening, picks
+    hidden 576 with 16 layers at report KL 2.21 (benchmarks/minitron_limits.py). If no level reaches
+    `top_k`, the level whose best pair admits the most holds (the earliest on ties).
     """
     defaults = (spec.max_width_pruning, spec.max_depth_pruning)
-    kept: tuple[list[Candidate], float, float] | None = None
-    for width, depth in limit_steps(spec):
-        found = enumerate_candidates(space, drop_order, cost_model, constraints, spec, width, depth)
-        if found:
-            kept = (found, width, depth)
-            if (width, depth) == defaults or len(found) >= spec.top_k:
-                break
-    if kept is not None:
-        found, width, depth = kept
-        widened = (width, depth) != defaults
-        return found, {"max_width_pruning": width, "max_depth_pruning": depth, "widened": widened}
+    tried: list[dict[str, Any]] = []
+    best_level: list[Admitted] = []
+    for level in limit_levels(spec):
+        admitted = []
+        for width, depth in level:
+            found = enumerate_candidates(space, drop_order, cost_model, constraints, spec, width, depth)
+            tried.append({"max_width_pruning": width, "max_depth_pruning": depth, "feasible": len(found)})
+            if found:
+                admitted.append(Admitted(width, depth, found))
+        if not admitted:
+            continue
+        most = max(len(a.candidates) for a in admitted)
+        if level == [defaults] or most >= spec.top_k:
+            best_level = admitted
+            break
+        if most > max((len(a.candidates) for a in best_level), default=0):
+            best_level = admitted
+    if best_level:
+        return best_level, {"widened": [(a.width, a.depth) for a in best_level] != [defaults], "tried": tried}
     bounds = ", ".join(c.describe() for c in constraints)
     hint = "" if spec.widen else "; set compare.minitron.widen=true or raise max_width_pruning / max_depth_pruning"
     raise InfeasibleError(f"no homogeneous Minitron candidate in the search space meets {bounds}{hint}")
+
+
+def to_score(admitted: list[Admitted], top_k: int) -> list[tuple[Candidate, list[str]]]:
+    """The union of each pair's top-k (each candidate once, most parameters first) with the pairs ("width/depth") whose top-k holds it."""
+    where: dict[str, tuple[Candidate, list[str]]] = {}
+    for a in admitted:
+        for cand in a.candidates[:top_k]:
+            where.setdefault(cand.arch.to_json(), (cand, []))[1].append(f"{a.width:g}/{a.depth:g}")
+    return sorted(where.values(), key=lambda cw: (-cw[0].params, -cw[0].hidden, -cw[0].heads, -cw[0].ffn, len(cw[0].dropped)))
 
 
 @dataclass
@@ -272,8 +301,8 @@ class MinitronResult:
     ranking: Ranking
     importance: Importance
     scored: pd.DataFrame  # the top-k: hidden, heads, kv_heads, ffn, dropped, params, costs, kl, perplexity, chosen
-    feasible: int  # homogeneous candidates that meet the constraints
-    limits: dict[str, Any]  # max_width_pruning, max_depth_pruning used, widened
+    feasible: int  # homogeneous candidates that meet the constraints at the limits scored (each counted once)
+    limits: dict[str, Any]  # max_width_pruning, max_depth_pruning of the pick, widened, tried: every pair tried and what it admitted
 
 
 def search(
@@ -293,11 +322,12 @@ def search(
     """
     imp = importance(model, calib[: spec.importance_sequences], progress=progress)
     ranking = imp.ranking()
-    found, limits = feasible_candidates(space, imp.drop_order(), cost_model, constraints, spec)
+    admitted, record = feasible_candidates(space, imp.drop_order(), cost_model, constraints, spec)
+    scored_cands = to_score(admitted, spec.top_k)
     masked = MaskedModel(model, space, ranking)
     rows = []
     try:
-        for cand in tqdm(found[: spec.top_k], desc="minitron candidates", disable=not progress):
+        for cand, pairs in tqdm(scored_cands, desc="minitron candidates", disable=not progress):
             kl, ppl = evaluate(model, masked, cand.arch, score_tokens, teacher_score)
             rows.append(
                 {
@@ -312,6 +342,7 @@ def search(
                     "kl": kl,
                     "perplexity": ppl,
                     "architecture": cand.arch.to_json(),
+                    "limits": pairs,
                 }
             )
     finally:
@@ -319,7 +350,10 @@ def search(
     scored = pd.DataFrame(rows)
     best_row = int(scored["kl"].idxmin())
     scored["chosen"] = scored.index == best_row
-    return MinitronResult(found[best_row], ranking, imp, scored, len(found), limits)
+    width, depth = (float(x) for x in rows[best_row]["limits"][0].split("/"))
+    limits = {"max_width_pruning": width, "max_depth_pruning": depth, **record}
+    feasible = len({c.arch.to_json() for a in admitted for c in a.candidates})
+    return MinitronResult(scored_cands[best_row][0], ranking, imp, scored, feasible, limits)
 
 
 # --------------------------------------------------------------------------- checkpoint

@@ -1,10 +1,11 @@
-"""Would Minitron do better past its first admissible limits? Its pick at several (width, depth) limit pairs.
+"""Minitron's pick at given (width, depth) limit pairs, each pair alone: how much the limits decide.
 
-compare's Minitron stops widening ModelOpt's limits (0.4 width, 0.2 depth) at the first pair where a
-homogeneous candidate meets the constraints. This scores Minitron's own procedure (importance, the top
-10 feasible candidates by parameters, the lowest selection-split KL) at that pair and at wider ones, and
-reports each pick's report-split KL: if a wider pair gives a clearly better model, the comparison
-handicapped the baseline.
+compare's Minitron widens ModelOpt's limits (0.4 width, 0.2 depth) a level at a time when they admit
+nothing and lets the selection-split score choose among the pairs of the first level where one admits
+10 candidates. This scores Minitron's own procedure (importance, the top 10 feasible candidates by
+parameters, the lowest selection-split KL) at each pair given, with no widening, and reports each
+pick's report-split KL: a pair off compare's level that gives a clearly better model would mean the
+rule still handicaps the baseline.
 
     .venv/bin/python benchmarks/minitron_limits.py --run results/rtx5080_game/issue15 \
         --limits 0.4,0.4 --limits 0.4,0.5 --limits 0.5,0.5 data.source=jsonl data.path=../shared/data/corpora/c4_sample

@@ -162,7 +162,7 @@ def test_compare_runs_every_stage_and_reuses_them(
     summary = json.loads((out / "compare.json").read_text())
     assert summary["seeds"] == [0, 1] and summary["scenario"] == "cpu_interactive"
     assert summary["minitron"]["num_key_value_heads"] == 2  # the tiny model's KV groups, all kept
-    assert set(summary["minitron"]["limits"]) == {"max_width_pruning", "max_depth_pruning", "widened"}
+    assert set(summary["minitron"]["limits"]) == {"max_width_pruning", "max_depth_pruning", "widened", "tried"}
     assert summary["diff"]["low"] <= summary["diff"]["mean"] <= summary["diff"]["high"]
     assert summary["minitron"]["average"] == pytest.approx(frame.loc["minitron", "average"])
     assert "Minitron (ModelOpt" in frame.loc["minitron", "label"] and (frame["seeds"] == [1, 2, 2]).all()

@@ -18,9 +18,10 @@ from autocompress.minitron import (
     enumerate_candidates,
     feasible_candidates,
     importance,
-    limit_steps,
+    limit_levels,
     modelopt_choices,
     search,
+    to_score,
     write_checkpoint,
 )
 from autocompress.models import ByteTokenizer
@@ -77,25 +78,58 @@ def test_candidates_keep_every_kv_group_and_meet_the_constraints() -> None:
                 assert ((h, q, f) in listed) == all(c.satisfied(costs[c.metric]) for c in cons)
 
 
-def test_limits_are_widened_step_by_step_and_recorded() -> None:
+def test_limit_levels_raise_every_pair_by_the_same_total() -> None:
+    levels = limit_levels(MinitronSpec())
+    assert levels[:4] == [
+        [(0.4, 0.2)],
+        [(0.4, 0.3), (0.5, 0.2)],
+        [(0.4, 0.4), (0.5, 0.3), (0.6, 0.2)],
+        [(0.4, 0.5), (0.5, 0.4), (0.6, 0.3), (0.7, 0.2)],
+    ]
+    assert levels[-1] == [(0.9, 0.9)] and len(levels) == 13  # 5 width steps + 7 depth steps
+    for n, level in enumerate(levels):
+        assert all(round((w - 0.4) + (d - 0.2), 6) == round(n * 0.1, 6) and w <= 0.9 and d <= 0.9 for w, d in level)
+    assert limit_levels(MinitronSpec(widen=False)) == [[(0.4, 0.2)]]
+
+
+def test_limits_are_widened_a_level_at_a_time_and_recorded() -> None:
     space, cm, cons = smollm2_setup(0.7, 0.7)
     order = list(range(1, 30))
-    assert enumerate_candidates(space, order, cm, cons, MinitronSpec()) == []  # nothing within ModelOpt's defaults
-    found, limits = feasible_candidates(space, order, cm, cons, MinitronSpec())
-    assert found and limits["widened"] and (limits["max_width_pruning"], limits["max_depth_pruning"]) != (0.4, 0.2)
-    assert limit_steps(MinitronSpec())[:4] == [(0.4, 0.2), (0.4, 0.3), (0.4, 0.4), (0.5, 0.4)]
-    steps = limit_steps(MinitronSpec())
-    at = steps.index((limits["max_width_pruning"], limits["max_depth_pruning"]))
-    assert len(found) >= MinitronSpec().top_k  # widened until the score has ModelOpt's top 10 to choose from ...
-    assert len(enumerate_candidates(space, order, cm, cons, MinitronSpec(), *steps[at - 1])) < MinitronSpec().top_k  # ... and no further
-    first, first_limits = feasible_candidates(space, order, cm, cons, MinitronSpec(top_k=1))
-    at1 = steps.index((first_limits["max_width_pruning"], first_limits["max_depth_pruning"]))
-    assert (
-        first and enumerate_candidates(space, order, cm, cons, MinitronSpec(), *steps[at1 - 1]) == []
-    )  # top_k=1: the first that admit any
-    assert at1 <= at
+    spec = MinitronSpec()
+    assert enumerate_candidates(space, order, cm, cons, spec) == []  # nothing within ModelOpt's defaults
+    admitted, record = feasible_candidates(space, order, cm, cons, spec)
+    assert admitted and record["widened"]
+    levels = limit_levels(spec)
+    pairs = [(a.width, a.depth) for a in admitted]
+    at = next(i for i, level in enumerate(levels) if pairs[0] in level)
+    # every admitting pair of the level is kept, each with exactly what enumerate_candidates finds there
+    for width, depth in levels[at]:
+        found = enumerate_candidates(space, order, cm, cons, spec, width, depth)
+        assert ((width, depth) in pairs) == bool(found)
+        if found:
+            assert next(a.candidates for a in admitted if (a.width, a.depth) == (width, depth)) == found
+    assert max(len(a.candidates) for a in admitted) >= spec.top_k  # widened until one pair gives the score ModelOpt's top 10 ...
+    for level in levels[:at]:  # ... and no further
+        assert all(len(enumerate_candidates(space, order, cm, cons, spec, w, d)) < spec.top_k for w, d in level)
+    assert [(t["max_width_pruning"], t["max_depth_pruning"]) for t in record["tried"]] == [p for level in levels[: at + 1] for p in level]
+    first, _ = feasible_candidates(space, order, cm, cons, MinitronSpec(top_k=1))  # top_k=1: the first level that admits any
+    at1 = next(i for i, level in enumerate(levels) if (first[0].width, first[0].depth) in level)
+    assert at1 <= at and all(enumerate_candidates(space, order, cm, cons, spec, w, d) == [] for level in levels[:at1] for w, d in level)
     with pytest.raises(InfeasibleError, match="widen"):
         feasible_candidates(space, order, cm, cons, MinitronSpec(widen=False))
+
+
+def test_the_score_sees_each_pairs_top_k_once() -> None:
+    space, cm, cons = smollm2_setup(0.7, 0.7)
+    admitted, _ = feasible_candidates(space, list(range(1, 30)), cm, cons, MinitronSpec())
+    scored = to_score(admitted, 10)
+    keys = [c.arch.to_json() for c, _ in scored]
+    assert len(keys) == len(set(keys))
+    for a in admitted:  # every pair's top 10 is scored, and says so
+        for c in a.candidates[:10]:
+            assert f"{a.width:g}/{a.depth:g}" in scored[keys.index(c.arch.to_json())][1]
+    assert len(scored) == len({c.arch.to_json() for a in admitted for c in a.candidates[:10]})
+    assert [c.params for c, _ in scored] == sorted((c.params for c, _ in scored), reverse=True)
 
 
 def test_default_limits_keep_a_short_list_as_modelopt_would() -> None:
@@ -104,8 +138,9 @@ def test_default_limits_keep_a_short_list_as_modelopt_would() -> None:
     order = list(range(1, 30))
     within = enumerate_candidates(space, order, cm, cons, MinitronSpec())
     assert within
-    found, limits = feasible_candidates(space, order, cm, cons, MinitronSpec(top_k=len(within) + 5))
-    assert found == within and not limits["widened"]
+    admitted, record = feasible_candidates(space, order, cm, cons, MinitronSpec(top_k=len(within) + 5))
+    assert len(admitted) == 1 and admitted[0].candidates == within and not record["widened"]
+    assert record["tried"] == [{"max_width_pruning": 0.4, "max_depth_pruning": 0.2, "feasible": len(within)}]
 
 
 def test_kv_pooling_is_an_ablation_under_its_own_name() -> None:
@@ -151,7 +186,7 @@ def test_search_picks_the_best_scored_of_the_top_k_and_exports_it(tiny_model: An
     chosen = res.scored[res.scored["chosen"]].iloc[0]
     assert chosen["kl"] == res.scored["kl"].min() and chosen["architecture"] == res.best.arch.to_json()
     assert list(res.scored["params"]) == sorted(res.scored["params"], reverse=True)
-    assert set(res.scored["kv_heads"]) == {2} and set(res.limits) == {"max_width_pruning", "max_depth_pruning", "widened"}
+    assert set(res.scored["kv_heads"]) == {2} and set(res.limits) == {"max_width_pruning", "max_depth_pruning", "widened", "tried"}
     fmt = write_checkpoint(tiny_model, ByteTokenizer(), tiny_space, res.ranking, res.best.arch, tmp_path / "mt", calib[:2], "# card")
     assert fmt in ("llama", "decilm") and (tmp_path / "mt" / "config.json").exists()  # verify_export raised otherwise
     assert "Verified" in (tmp_path / "mt" / "README.md").read_text()
