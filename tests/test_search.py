@@ -52,6 +52,7 @@ def test_search_ends_feasible(prepared, settings: LagrangianSettings) -> None:  
 def test_each_bound_is_met(prepared) -> None:  # type: ignore[no-untyped-def]
     spec, p = prepared
     base_ttft = p.cost_model.predict(p.space.largest())["ttft_ms"]
+    assert p.cost_model.predict(p.space.smallest())["ttft_ms"] < 0.5 * base_ttft  # both bounds can be met
     results = []
     for share in (0.9, 0.5):
         inputs = dataclasses.replace(p.inputs, constraints=(Constraint("ttft_ms", share * base_ttft),))
