@@ -54,16 +54,31 @@ class Hardware:
     kv_cache_gib: float | None = None  # fixed KV-cache size (vLLM CPU: VLLM_CPU_KVCACHE_SPACE); None = what memory leaves
     prefill_eta_compute: float | None = None  # prefill's share of peak FLOP/s; None = eta_compute
     prefill_overhead_ms: float | None = None  # fixed cost per prefill chunk; None = step_overhead_ms
+    prefill_block_overhead_us: float | None = None  # a kept block's fixed cost per prefill chunk; None = block_overhead_us
+    prefill_attn_eta: float | None = (
+        None  # the prefill attention core's share of peak FLOP/s (flash attention, not a GEMM); None = prefill's
+    )
     gemm_half_rows: float = 0.0  # matmul rows at which half the achievable FLOP/s is reached (small-batch decode)
     measure_peaks: bool = False  # CPUs: replace peak_tflops and mem_bandwidth_gbs by this CPU's measured ones (cached)
     cpu: str | None = None  # CPUs: the CPU the figures are for (cpuinfo.key()), set when the scenario is built
+    aiconfigurator: str | None = (
+        None  # aiconfigurator-core system whose vLLM kernel tables stand for this GPU (profile.source=aiconfigurator)
+    )
+    aiconfigurator_derived: bool = False  # that system is another GPU (same generation): its fitted efficiencies carry over to these peaks
     engine: str = "vllm"
     description: str = ""
 
     def __post_init__(self) -> None:
         for key in ("peak_tflops", "mem_bandwidth_gbs", "memory_gib", "max_num_batched_tokens"):
             _positive(f"hardware.{key}", getattr(self, key))
-        for key in ("step_overhead_ms", "block_overhead_us", "memory_overhead_gib", "prefill_overhead_ms", "gemm_half_rows"):
+        for key in (
+            "step_overhead_ms",
+            "block_overhead_us",
+            "memory_overhead_gib",
+            "prefill_overhead_ms",
+            "prefill_block_overhead_us",
+            "gemm_half_rows",
+        ):
             if getattr(self, key) is not None:
                 _positive(f"hardware.{key}", getattr(self, key), allow_zero=True)
         if self.kv_cache_gib is not None:
@@ -361,12 +376,15 @@ class ProfileSpec:
     timeout_s: float = 900.0
     enforce_eager: bool = False  # serve without torch.compile (what verify and the fitted model then describe)
     seed: int = 0
+    source: str = "engine"  # engine: measure in the serving engine here | aiconfigurator: NVIDIA's kernel-table estimates (GPUs)
 
     def __post_init__(self) -> None:
         _positive("profile.repeats", self.repeats)
         _positive("profile.warmup", self.warmup, allow_zero=True)
         _positive("profile.n_random", self.n_random, allow_zero=True)
         _positive("profile.timeout_s", self.timeout_s)
+        if self.source not in ("engine", "aiconfigurator"):
+            raise ConfigError(f"profile.source must be engine or aiconfigurator, got {self.source!r}")
         if not 0 <= self.holdout_share < 1:
             raise ConfigError(f"profile.holdout_share must be in [0, 1), got {self.holdout_share!r}")
         if any(not 0 < f < 1 for f in self.uniform_fractions):

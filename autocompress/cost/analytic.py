@@ -38,6 +38,10 @@ class AnalyticCostModel(CostModel):
         self._i = torch.tensor(space.ffn, dtype=dt)[None, :]  # [1, F]
         self._flops = hardware.eta_compute * hardware.peak_tflops * 1e12  # FLOP/s, decode
         self._prefill_flops = (hardware.prefill_eta_compute or hardware.eta_compute) * hardware.peak_tflops * 1e12
+        self._prefill_block_us = (
+            hardware.block_overhead_us if hardware.prefill_block_overhead_us is None else hardware.prefill_block_overhead_us
+        )
+        self._prefill_attn_flops = (hardware.prefill_attn_eta or 0) * hardware.peak_tflops * 1e12 or self._prefill_flops
         self._prefill_overhead_ms = hardware.step_overhead_ms if hardware.prefill_overhead_ms is None else hardware.prefill_overhead_ms
         self._bw = hardware.eta_memory * hardware.mem_bandwidth_gbs * 1e9  # bytes/s
 
@@ -47,14 +51,16 @@ class AnalyticCostModel(CostModel):
 
     # ------------------------------------------------------------------ building blocks
 
-    def _time(self, flops: torch.Tensor, nbytes: torch.Tensor, rows: torch.Tensor | float, prefill: bool = False) -> torch.Tensor:
+    def _time(
+        self, flops: torch.Tensor, nbytes: torch.Tensor, rows: torch.Tensor | float, prefill: bool = False, rate: float | None = None
+    ) -> torch.Tensor:
         """Roofline time of one op in seconds: max(FLOPs / achieved FLOP/s, bytes / achieved bandwidth).
 
         A matmul with few rows (decode: one per sequence) reaches only rows / (rows + m0) of the
         achievable FLOP/s, m0 = hardware.gemm_half_rows (0 = no such penalty).
         """
-        rate = (self._prefill_flops if prefill else self._flops) * rows / (rows + self.hw.gemm_half_rows)
-        return torch.maximum(flops / rate, nbytes / self._bw)
+        achieved = (rate or (self._prefill_flops if prefill else self._flops)) * rows / (rows + self.hw.gemm_half_rows)
+        return torch.maximum(flops / achieved, nbytes / self._bw)
 
     def _attn_shapes(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Broadcastable (hidden [H, 1, 1], query width q = heads * hd [1, Q, 1], KV heads [1, 1, A])."""
@@ -115,10 +121,10 @@ class AnalyticCostModel(CostModel):
         kv_bytes = tokens * 2 * kv * hd * wl.kv_bytes
         rows = tokens / chunks  # tokens per chunk
         attn = self._time(2 * tokens * w_proj, chunks * wb * w_proj + kv_bytes, rows, prefill=True)
-        attn = attn + self._time(2 * batch * q * p * p * (kv > 0), kv_bytes, p, prefill=True)
-        attn = (attn + chunks * hw.block_overhead_us * 1e-6) * (kv > 0)
+        attn = attn + self._time(2 * batch * q * p * p * (kv > 0), kv_bytes, p, rate=self._prefill_attn_flops)
+        attn = (attn + chunks * self._prefill_block_us * 1e-6) * (kv > 0)
         w_ffn = 3 * h * i
-        ffn = (self._time(2 * tokens * w_ffn, chunks * wb * w_ffn, rows, prefill=True) + chunks * hw.block_overhead_us * 1e-6) * (i > 0)
+        ffn = (self._time(2 * tokens * w_ffn, chunks * wb * w_ffn, rows, prefill=True) + chunks * self._prefill_block_us * 1e-6) * (i > 0)
         hv = h[:, 0] * b.vocab_size
         head = self._time(2 * batch * hv, wb * hv, batch, prefill=True) + chunks * self._prefill_overhead_ms * 1e-3
         return head, attn, ffn

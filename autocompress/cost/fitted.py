@@ -35,8 +35,21 @@ FITTED = (
     "prefill_eta_compute",
     "prefill_overhead_ms",
     "gemm_half_rows",
+    "prefill_attn_eta",
+    "prefill_block_overhead_us",
 )
 PEAKS = ("peak_tflops", "mem_bandwidth_gbs")
+UPPER = {  # upper bounds of the fit: efficiencies are shares of a peak
+    "eta_compute": 1.0,
+    "eta_memory": 1.0,
+    "step_overhead_ms": 1e4,
+    "block_overhead_us": 1e6,
+    "prefill_eta_compute": 1.0,
+    "prefill_overhead_ms": 1e5,
+    "gemm_half_rows": 1e4,
+    "prefill_attn_eta": 1.0,
+    "prefill_block_overhead_us": 1e6,
+}
 VALIDATED = ("ttft_ms", "tpot_ms", "throughput_tok_s", "kv_capacity_tokens")
 
 
@@ -55,13 +68,25 @@ class FittedCostModel(CostModel):
     def __init__(self, space: SearchSpace, hardware: Hardware, workload: Workload, record: dict[str, Any]) -> None:
         self.space, self.record = space, record
         self.workload = workload
-        # the peaks the terms were fitted against (a CPU's measured peaks may be re-measured since)
-        fitted = {k: record["parameters"][k] for k in (*FITTED, *PEAKS) if k in record["parameters"]}
+        shapes = {w["name"]: (w["prompt_len"], w["output_len"], w["concurrency"]) for w in record.get("workloads", [])}
+        own = shapes.get(workload.name) == (workload.prompt_len, workload.output_len, workload.concurrency)
+        by_workload = record.get("by_workload", {}).get(workload.name) if own else None
+        self.parameters: dict[str, float] = by_workload or record["parameters"]
+        # the peaks the terms were fitted against (a CPU's measured peaks may be re-measured since); a
+        # workload fitted on its own (same name and shape) uses its own terms
+        fitted = {k: v for k, v in self.parameters.items() if k in (*FITTED, *PEAKS)}
         self._inner = AnalyticCostModel(space, dataclasses.replace(hardware, **fitted), workload)
 
     @property
     def id(self) -> str:
-        return f"fitted/{self.record['hardware']}/{self.record['engine']}/v{self.record['version']}"
+        """fitted/<hardware>/<engine>/v<n>, then /aiconfigurator for a fit to its kernel estimates and
+        /derived:<system> when those estimates were of another GPU (the efficiencies carried over)."""
+        out = f"fitted/{self.record['hardware']}/{self.record['engine']}/v{self.record['version']}"
+        if self.record.get("source_kind") == "aiconfigurator":
+            out += "/aiconfigurator"
+        if self.record.get("derived_from"):
+            out += f"/derived:{self.record['derived_from']}"
+        return out
 
     def expected(self, dist: ArchDistribution) -> dict[str, torch.Tensor]:
         return self._inner.expected(dist)
@@ -80,7 +105,7 @@ class FittedCostModel(CostModel):
             "id": self.id,
             "file": self.record.get("file"),
             "validation": self.record.get("validation"),
-            "parameters": self.record["parameters"],
+            "parameters": self.parameters,
         }
 
 
@@ -92,26 +117,38 @@ def _predict(space: SearchSpace, hardware: Hardware, m: Measurement) -> dict[str
 
 
 def fit_parameters(
-    space: SearchSpace, hardware: Hardware, data: Sequence[Measurement], prior_weight: float = 0.3, gemm_prior_weight: float = 0.05
+    space: SearchSpace,
+    hardware: Hardware,
+    data: Sequence[Measurement],
+    prior_weight: float = 0.3,
+    gemm_prior_weight: float = 0.05,
+    fixed: Sequence[str] = (),
+    robust: float | None = None,
 ) -> dict[str, float]:
     """Least-squares fit of the FITTED terms on log(TTFT) and log(TPOT), pulled towards the hardware config's values.
 
     The pull (prior_weight * log(value / prior) per term, a Gaussian prior in log space) keeps terms
     that few measurements cannot pin down near their datasheet-based priors; with many
-    measurements the data dominate.
+    measurements the data dominate. `fixed` terms keep their starting values (e.g. the per-step
+    overheads when the data are kernel estimates that have none). `robust` = a log-error scale
+    (0.1 ~ 10 %) past which residuals count less (Cauchy loss): a few points the analytic form
+    cannot follow (a table entry far off its neighbours) then do not pull the rest off.
     """
     from scipy.optimize import least_squares
 
     start = {k: getattr(hardware, k) for k in FITTED}
     start["prefill_eta_compute"] = start["prefill_eta_compute"] or hardware.eta_compute
     start["prefill_overhead_ms"] = hardware.step_overhead_ms if start["prefill_overhead_ms"] is None else start["prefill_overhead_ms"]
+    start["prefill_attn_eta"] = start["prefill_attn_eta"] or start["prefill_eta_compute"]
+    start["prefill_block_overhead_us"] = start["prefill_block_overhead_us"] or hardware.block_overhead_us
     start["gemm_half_rows"] = start["gemm_half_rows"] or 1.0  # no prior knowledge: start at one row ...
-    x0 = np.log(np.maximum([start[k] for k in FITTED], 1e-6))
-    pull = np.array([gemm_prior_weight if k == "gemm_half_rows" else prior_weight for k in FITTED])  # ... and pull it only weakly
+    free = [k for k in FITTED if k not in fixed]
+    x0 = np.log(np.maximum([start[k] for k in free], 1e-6))
+    pull = np.array([gemm_prior_weight if k == "gemm_half_rows" else prior_weight for k in free])  # ... and pull it only weakly
 
     def params(x: np.ndarray) -> dict[str, float]:
-        values = dict(zip(FITTED, np.exp(x).tolist(), strict=True))
-        for key in ("eta_compute", "eta_memory", "prefill_eta_compute"):
+        values = {**start, **dict(zip(free, np.exp(x).tolist(), strict=True))}
+        for key in ("eta_compute", "eta_memory", "prefill_eta_compute", "prefill_attn_eta"):
             values[key] = min(values[key], 1.0)
         return values
 
@@ -124,34 +161,41 @@ def fit_parameters(
         out += list(pull * (x - x0))
         return np.asarray(out)
 
-    upper = np.log([1.0, 1.0, 1e4, 1e6, 1.0, 1e5, 1e4])
-    result = least_squares(residuals, np.minimum(x0, upper - 1e-9), bounds=(np.log(1e-6) * np.ones(len(FITTED)), upper), x_scale=1.0)
+    upper = np.log([UPPER[k] for k in free])
+    loss = {"loss": "cauchy", "f_scale": robust} if robust else {}
+    bounds = (np.log(1e-6) * np.ones(len(free)), upper)
+    result = least_squares(residuals, np.minimum(x0, upper - 1e-9), bounds=bounds, x_scale=1.0, **loss)
     return params(result.x)
 
 
 def validate(space: SearchSpace, hardware: Hardware, data: Sequence[Measurement]) -> dict[str, dict[str, float]]:
     """Per metric: MAPE (%), max |error| (%), share within +-10% (%), Spearman rank correlation, n."""
+    return validate_each(space, [(hardware, m) for m in data])
+
+
+def validate_each(space: SearchSpace, pairs: Sequence[tuple[Hardware, Measurement]]) -> dict[str, dict[str, float]]:
+    """`validate` where each measurement has its own fitted terms (per-workload fits pooled)."""
     from scipy.stats import spearmanr
 
     out: dict[str, dict[str, float]] = {}
-    preds = [_predict(space, hardware, m) for m in data]
+    preds = [_predict(space, hw, m) for hw, m in pairs]
     for key in VALIDATED:
-        pairs = [
+        found = [
             (p[key], m.values[key])
-            for p, m in zip(preds, data, strict=True)
+            for p, (_, m) in zip(preds, pairs, strict=True)
             if m.values.get(key) is not None and np.isfinite(m.values[key])
         ]
-        if not pairs:
+        if not found:
             continue
-        pred, meas = np.array(pairs).T
+        pred, meas = np.array(found).T
         err = np.abs(pred - meas) / meas * 100
-        rho = float(spearmanr(pred, meas).statistic) if len(pairs) > 2 and np.ptp(meas) > 0 else float("nan")
+        rho = float(spearmanr(pred, meas).statistic) if len(found) > 2 and np.ptp(meas) > 0 else float("nan")
         out[key] = {
             "mape": float(err.mean()),
             "max_error": float(err.max()),
             "within_10": float((err <= 10).mean() * 100),
             "spearman": rho,
-            "n": len(pairs),
+            "n": len(found),
         }
     return out
 
@@ -168,6 +212,9 @@ def ranges(data: Sequence[Measurement]) -> dict[str, list[float]]:
 
 
 # --------------------------------------------------------------------------- files
+
+
+SHIPPED = Path(__file__).resolve().parent / "fits"  # fits shipped with the package (cost_model=auto falls back to them)
 
 
 def model_dir(results_dir: str | Path) -> Path:
@@ -192,14 +239,15 @@ def save_record(record: dict[str, Any], results_dir: str | Path) -> Path:
     return path
 
 
-def records(results_dir: str | Path, hardware: str, engine: str) -> list[dict[str, Any]]:
-    """Every fitted model of this hardware + engine, oldest version first."""
-    folder = model_dir(results_dir)
+def records(results_dir: str | Path | None, hardware: str, engine: str) -> list[dict[str, Any]]:
+    """Every fitted model of this hardware + engine in `results_dir`/cost_models (None: the ones shipped
+    in the package, autocompress/cost/fits), oldest version first."""
+    folder = SHIPPED if results_dir is None else model_dir(results_dir)
     files = sorted(folder.glob(f"{_stem(hardware, engine)}__v*.json"), key=lambda p: int(p.stem.rsplit("__v", 1)[1]))
     return [load_record(f) for f in files]
 
 
-def latest_record(results_dir: str | Path, hardware: str, engine: str, cpu: str | None = None) -> dict[str, Any] | None:
+def latest_record(results_dir: str | Path | None, hardware: str, engine: str, cpu: str | None = None) -> dict[str, Any] | None:
     """The newest fit of this hardware + engine; with `cpu`, the newest fitted on that CPU (files without one never match)."""
     found = [r for r in records(results_dir, hardware, engine) if cpu is None or r.get("cpu") == cpu]
     return found[-1] if found else None
