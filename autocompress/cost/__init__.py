@@ -17,15 +17,16 @@ def get_cost_model(space: SearchSpace, scenario: Scenario, results_dir: str | Pa
     """The cost model for this scenario's hardware.
 
     choice: "auto" = the newest model fitted for this hardware + engine (on a CPU: fitted on this
-    CPU, `hardware.cpu`) under <results_dir>/cost_models/, else the analytic one; "analytic"; or the
-    path of a fitted model file. A fit from another CPU is never applied: auto says so and takes the
+    CPU, `hardware.cpu`) under <results_dir>/cost_models/, else the one shipped in the package
+    (autocompress/cost/fits: the GPUs' fits to aiconfigurator's kernel estimates), else the analytic
+    one; "analytic"; or the path of a fitted model file. A fit from another CPU is never applied: auto says so and takes the
     analytic model, an explicit file is refused.
     """
     hw = scenario.hardware
     if choice == "analytic":
         return AnalyticCostModel(space, hw, scenario.workload)
     if choice == "auto":
-        record = latest_record(results_dir, hw.name, hw.engine, cpu=hw.cpu)
+        record = latest_record(results_dir, hw.name, hw.engine, cpu=hw.cpu) or latest_record(None, hw.name, hw.engine, cpu=hw.cpu)
         if record is None:
             others = sorted({str(r.get("cpu")) for r in records(results_dir, hw.name, hw.engine)}) if hw.cpu else []
             if others:
