@@ -1,5 +1,9 @@
 """`python -m autocompress.verify results/<scenario>/<run>/pareto.parquet`: measure Pareto points in the real engine.
 
+`... verify.source=aiconfigurator` instead estimates them from NVIDIA's kernel tables (GPU
+scenarios on a machine without that GPU): `estimated_*` columns and `feasible_estimated`, never
+written into the `measured_*` ones.
+
 Each architecture runs in the serving engine on the run's workload, exactly as profiling measures
 it (autocompress.engine). The measured TTFT / TPOT / throughput / KV capacity / peak memory land
 next to the predicted columns (`measured_<metric>`, with run-to-run spreads), with
@@ -112,6 +116,59 @@ def verify(path: Path) -> pd.DataFrame:
     return result
 
 
+def estimate(path: Path) -> pd.DataFrame:
+    """aiconfigurator's estimate of every architecture of a GPU run's pareto.parquet (plus the hardware file's per-step overheads)."""
+    from autocompress.arch import SearchSpace
+    from autocompress.cost.aic import Estimator
+    from autocompress.profile import wave_batch
+
+    if path.is_dir():
+        path = path / "pareto.parquet"
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist; give results/<scenario>/<run_id>/pareto.parquet of a finished sweep")
+    run_dir = path.parent
+    spec = run_spec_of(run_dir)
+    hw, wl = spec.scenario.hardware, spec.scenario.workload
+    if not hw.aiconfigurator or hw.aiconfigurator_derived:
+        why = f"its tables are another GPU's ({hw.aiconfigurator})" if hw.aiconfigurator else "it names no aiconfigurator system"
+        raise ConfigError(f"verify.source=aiconfigurator cannot judge {hw.name}: {why}; verify there in the engine")
+    table = read_table(path)
+    table = table[table["status"] == "ok"] if "status" in table else table
+    if table.empty:
+        raise ConfigError(f"{path} has no finished trials to estimate")
+    constraints = _constraints(run_dir)
+    base = Architecture.from_llama_config(load_base_model(spec.model).model.config)
+    space = SearchSpace.from_base(base, spec.search.space)
+    est = Estimator(hw.aiconfigurator)
+    chunk_ms = hw.step_overhead_ms if hw.prefill_overhead_ms is None else hw.prefill_overhead_ms
+    found: dict[str, dict[str, Any]] = {}
+    for tid, text in zip(table["trial_id"], table["architecture"], strict=True):
+        arch = Architecture.from_json(text)
+        batch = wave_batch(space, hw, wl, arch)
+        cols: dict[str, Any] = {"estimated_source": f"{est.source} + {hw.name}'s per-step overheads"}
+        if batch < 1:
+            found[str(tid)] = cols | {"feasible_estimated": False}
+            continue
+        raw = est.estimate(arch, wl, batch)
+        chunks = -(-batch * wl.prompt_len // hw.max_num_batched_tokens)
+        ttft, tpot = raw["ttft_ms"] + chunks * chunk_ms, raw["tpot_ms"] + hw.step_overhead_ms
+        cols |= {"estimated_ttft_ms": ttft, "estimated_tpot_ms": tpot}
+        cols["estimated_throughput_tok_s"] = batch * wl.output_len / ((ttft + wl.output_len * tpot) / 1e3)
+        judged = [c for c in constraints if f"estimated_{c.metric}" in cols]
+        cols["feasible_estimated"] = all(c.satisfied(cols[f"estimated_{c.metric}"]) for c in judged)
+        found[str(tid)] = cols
+    for target in (path, run_dir / "trials.parquet"):
+        if target.exists():
+            write_parquet(_merge(pd.read_parquet(target), found), target)
+    result = _merge(table, found)
+    shown = ["trial_id"] + [c for m in ("ttft_ms", "tpot_ms", "throughput_tok_s") for c in (m, f"estimated_{m}") if c in result]
+    print(result[[*shown, "feasible", "feasible_estimated"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    unjudged = sorted({c.metric for c in constraints} - {"ttft_ms", "tpot_ms", "throughput_tok_s"})
+    note = f" (not estimated, judged by the cost model only: {', '.join(unjudged)})" if unjudged else ""
+    print(f"\nfeasible under {est.source}: {int(result['feasible_estimated'].sum())}/{len(result)}{note}")
+    return result
+
+
 def _line(cols: dict[str, Any]) -> str:
     if cols["verify_status"] != "ok":
         return "FAILED " + str(cols["verify_error"]).splitlines()[-1][:160]
@@ -132,13 +189,20 @@ def print_table(frame: pd.DataFrame) -> None:
         print(f"\nmeasured feasible: {strict}/{n}; within noise: {loose}/{n}")
 
 
+USAGE = "usage: python -m autocompress.verify results/<scenario>/<run_id>[/pareto.parquet] [verify.source=engine|aiconfigurator]"
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or args[0] in ("-h", "--help"):
-        print("usage: python -m autocompress.verify results/<scenario>/<run_id>[/pareto.parquet]", file=sys.stderr)
-        sys.exit(2 if len(args) != 1 else 0)
+    if not 1 <= len(args) <= 2 or args[0] in ("-h", "--help"):
+        print(USAGE, file=sys.stderr)
+        sys.exit(0 if args[:1] in (["-h"], ["--help"]) else 2)
+    source = args[1].removeprefix("verify.source=") if len(args) == 2 else "engine"
+    if source not in ("engine", "aiconfigurator") or (len(args) == 2 and not args[1].startswith("verify.source=")):
+        print(f"error: {args[1]!r} is not verify.source=engine or verify.source=aiconfigurator", file=sys.stderr)
+        sys.exit(2)
     try:
-        verify(Path(args[0]))
+        (estimate if source == "aiconfigurator" else verify)(Path(args[0]))
     except AutoCompressError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
