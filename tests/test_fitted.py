@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,14 @@ def test_extrapolation_is_flagged(tmp_path: Path) -> None:
     assert not inside.extrapolates(dataclasses.replace(largest, num_attention_heads=6))
     nine_only = save_record(record(synthetic([largest, dataclasses.replace(space().smallest(), num_attention_heads=9)])), tmp_path / "b")
     assert get_cost_model(space(), scenario, tmp_path, str(nine_only)).extrapolates(dataclasses.replace(largest, num_attention_heads=6))
+    # measured only with every block kept: a no-op block lies outside the design even at a parameter count inside it
+    from autocompress.baselines import uniform_shrink
+
+    kept = save_record(record(synthetic([largest, uniform_shrink(space(), 0.35)])), tmp_path / "c")
+    model = get_cost_model(space(), scenario, tmp_path, str(kept))
+    assert json.loads(kept.read_text())["ranges"]["ffn_blocks"] == [30.0, 30.0]
+    one_dropped = dataclasses.replace(largest, blocks=(dataclasses.replace(largest.blocks[0], ffn=0), *largest.blocks[1:]))
+    assert not model.extrapolates(largest) and model.extrapolates(one_dropped)
 
 
 def test_bad_model_file_is_a_clear_error(tmp_path: Path) -> None:

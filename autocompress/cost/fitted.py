@@ -92,12 +92,12 @@ class FittedCostModel(CostModel):
         return self._inner.expected(dist)
 
     def extrapolates(self, arch: Architecture) -> bool:
-        """Outside the fitted workloads' prompt/output/concurrency ranges, the fitted parameter range, or the
-        query-head counts measured (files fitted before the query-head axis hold none: the base count only)."""
+        """Outside the fitted workloads' prompt/output/concurrency ranges or the measured ranges of parameters,
+        query heads, hidden size and kept attention / FFN blocks (files fitted before a coordinate was
+        recorded skip it; before the query-head axis: the base count only)."""
         ranges, wl = self.record["ranges"], self.workload
-        points = {"prompt_len": wl.prompt_len, "output_len": wl.output_len, "concurrency": wl.concurrency, "params": arch.num_params()}
+        points = {"prompt_len": wl.prompt_len, "output_len": wl.output_len, "concurrency": wl.concurrency, **_shape(arch)}
         heads = ranges.get("query_heads", [self.space.base.num_attention_heads] * 2)
-        points["query_heads"] = arch.num_attention_heads
         return any(not lo <= points[k] <= hi for k, (lo, hi) in {**ranges, "query_heads": heads}.items() if k in points)
 
     def describe(self) -> dict[str, object]:
@@ -201,14 +201,28 @@ def validate_each(space: SearchSpace, pairs: Sequence[tuple[Hardware, Measuremen
 
 
 def ranges(data: Sequence[Measurement]) -> dict[str, list[float]]:
-    values: dict[str, list[float]] = {"prompt_len": [], "output_len": [], "concurrency": [], "params": [], "query_heads": []}
+    values: dict[str, list[float]] = {key: [] for key in RANGED}
     for m in data:
-        values["query_heads"].append(m.arch.num_attention_heads)
+        for key, value in _shape(m.arch).items():
+            values[key].append(value)
         values["prompt_len"].append(m.workload.prompt_len)
         values["output_len"].append(m.workload.output_len)
         values["concurrency"].append(m.workload.concurrency)
-        values["params"].append(m.arch.num_params())
     return {k: [float(min(v)), float(max(v))] for k, v in values.items()}
+
+
+RANGED = ("prompt_len", "output_len", "concurrency", "params", "query_heads", "hidden_size", "attention_blocks", "ffn_blocks")
+
+
+def _shape(arch: Architecture) -> dict[str, float]:
+    """The architecture's coordinates a fit's ranges cover (besides the workload's)."""
+    return {
+        "params": arch.num_params(),
+        "query_heads": arch.num_attention_heads,
+        "hidden_size": arch.hidden_size,
+        "attention_blocks": sum(1 for b in arch.blocks if b.kv_heads),  # kept blocks: the no-op pattern's extent
+        "ffn_blocks": sum(1 for b in arch.blocks if b.ffn),
+    }
 
 
 # --------------------------------------------------------------------------- files
