@@ -71,6 +71,19 @@ def test_design_covers_the_space() -> None:
     assert all(space.allows(a) for a in archs)
 
 
+def test_random_design_spans_small_to_large() -> None:
+    """SmolLM2's space: the random architectures take stratified size levels, so the held-out ones span the range
+    (uniform per-decision draws crowd around the middle size, where held-out ranks mean little)."""
+    from .test_arch import SMOLLM2
+
+    space = SearchSpace.from_base(Architecture.from_llama_config(SMOLLM2), SpaceSpec())
+    plan = design(space, n_random=12, holdout_share=0.34, fractions=(), seed=0)
+    held = sorted(a.num_params() for a, role in plan if role == "holdout")
+    fitted = sorted(a.num_params() for a, role in plan[2:] if role == "fit")
+    assert held[-1] / held[0] > 2.5 and fitted[-1] / fitted[0] > 2.5
+    assert not all(a.is_homogeneous() for a, _ in plan[2:])
+
+
 @pytest.fixture(scope="module")
 def measured(ray_local) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     """One engine per architecture: first one vLLM rejects, then three to fit and one held out."""
