@@ -80,7 +80,8 @@ def engine_settings(hardware: Hardware, workloads: list[Workload], kv_cache_gib:
         dtype=dtype,
         max_model_len=max(w.prompt_len + w.output_len for w in workloads),
         max_num_seqs=max(w.concurrency for w in workloads),
-        max_num_batched_tokens=max(hardware.max_num_batched_tokens, max(w.prompt_len for w in workloads)),
+        # the cost model's prefill chunk: longer prompts are chunked (chunked prefill) as it assumes, not served in one pass
+        max_num_batched_tokens=hardware.max_num_batched_tokens,
         kv_cache_gib=kv_cache_gib,
         gpu_memory_utilization=hardware.memory_utilization,
         repeats=repeats,
@@ -193,6 +194,7 @@ def _start_engine(ckpt: Path, settings: EngineSettings) -> Any:
         max_model_len=settings.max_model_len,
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
+        enable_chunked_prefill=True,  # prompts longer than max_num_batched_tokens prefill in chunks
         enable_prefix_caching=False,  # every repeat must compute its prefill
         disable_log_stats=False,  # per-request token timestamps: TTFT and TPOT from one wave
         enforce_eager=settings.enforce_eager,
