@@ -291,6 +291,12 @@ def minitron_stage(job: CompareJob, ctx: Context, out: Path) -> None:
     write_json(summary, out / "minitron.json")
 
 
+def cost_model_choice(configured: str, judged_by: str) -> str:
+    """The cost model a run's trials were judged by: `auto` that meant the analytic model then (no fit existed for the
+    hardware, e.g. before the GPU fits shipped in the package) still means it for that run."""
+    return "analytic" if configured == "auto" and judged_by.startswith("analytic/") else configured
+
+
 def build_context(job: CompareJob, run_dir: Path) -> Context:
     """Base model, space, the run's cost model and absolute constraints, calibration tokens."""
     from autocompress.arch import Architecture, SearchSpace
@@ -304,8 +310,8 @@ def build_context(job: CompareJob, run_dir: Path) -> Context:
         raise ConfigError(f"compare.run={run_dir} is a run of scenario {spec.scenario.name!r}, not {job.spec.scenario.name!r}")
     base = load_base_model(spec.model)
     space = SearchSpace.from_base(Architecture.from_llama_config(base.model.config), spec.search.space)
-    cost_model = get_cost_model(space, spec.scenario, spec.results_dir, spec.cost_model)
     row = pick_trial(run.trials, job.compare.trial, run_dir)
+    cost_model = get_cost_model(space, spec.scenario, spec.results_dir, cost_model_choice(spec.cost_model, str(row["cost_model"])))
     if cost_model.id != row["cost_model"]:
         raise ConfigError(
             f"the run's trials were judged by cost model {row['cost_model']}, but {cost_model.id} resolves now; "

@@ -144,3 +144,12 @@ def test_verify_from_aiconfigurator_writes_estimated_columns_only(tmp_path: Path
     with pytest.raises(SystemExit) as exc:
         main([str(derived), "verify.source=aiconfigurator"])
     assert exc.value.code == 2 and (derived / "pareto.parquet").read_bytes() == before
+
+
+def test_a_run_judged_by_the_analytic_model_keeps_it_after_fits_ship() -> None:
+    """compare on a GPU run swept before the shipped fits: auto resolves to what judged its trials, not to the new fit."""
+    from autocompress.compare import cost_model_choice
+
+    assert cost_model_choice("auto", "analytic/h100_sxm/v1") == "analytic"
+    assert cost_model_choice("auto", "fitted/h100_sxm/vllm/v1/aiconfigurator") == "auto"
+    assert cost_model_choice("/a/fit.json", "analytic/h100_sxm/v1") == "/a/fit.json"  # an explicit choice stays
