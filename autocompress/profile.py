@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import math
 import random
 import sys
 import time
@@ -263,8 +262,6 @@ def estimate_design(spec: RunSpec, space: SearchSpace, plan: list[tuple[Architec
     hw = spec.scenario.hardware
     assert hw.aiconfigurator is not None
     est, rows, start = Estimator(hw.aiconfigurator), [], time.time()
-    step_ms = hw.step_overhead_ms
-    chunk_ms = hw.step_overhead_ms if hw.prefill_overhead_ms is None else hw.prefill_overhead_ms
     for arch, role in tqdm(plan, desc=f"aiconfigurator {hw.aiconfigurator}", unit="arch", file=sys.stderr):
         for wl in workloads:
             row = {
@@ -286,22 +283,8 @@ def estimate_design(spec: RunSpec, space: SearchSpace, plan: list[tuple[Architec
             if batch < 1:
                 rows.append({**row, "status": "failed", "error": "the KV cache cannot hold one sequence"})
                 continue
-            raw = est.estimate(arch, wl, batch)
-            chunks = math.ceil(batch * wl.prompt_len / hw.max_num_batched_tokens)
-            ttft, tpot = raw["ttft_ms"] + chunks * chunk_ms, raw["tpot_ms"] + step_ms
-            rows.append(
-                {
-                    **row,
-                    "status": "ok",
-                    "error": "",
-                    "batch": batch,
-                    "ttft_ms": ttft,
-                    "tpot_ms": tpot,
-                    "throughput_tok_s": batch * wl.output_len / ((ttft + wl.output_len * tpot) / 1e3),
-                    "kv_capacity_tokens": float("nan"),
-                    **{f"aic_{k}": v for k, v in raw.items()},
-                }
-            )
+            served = est.served(arch, wl, batch, hw)
+            rows.append({**row, "status": "ok", "error": "", "batch": batch, **served, "kv_capacity_tokens": float("nan")})
     table = pd.DataFrame(rows)
     path = aic_measurements_path(spec.results_dir, hw)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -140,7 +140,6 @@ def estimate(path: Path) -> pd.DataFrame:
     base = Architecture.from_llama_config(load_base_model(spec.model).model.config)
     space = SearchSpace.from_base(base, spec.search.space)
     est = Estimator(hw.aiconfigurator)
-    chunk_ms = hw.step_overhead_ms if hw.prefill_overhead_ms is None else hw.prefill_overhead_ms
     found: dict[str, dict[str, Any]] = {}
     for tid, text in zip(table["trial_id"], table["architecture"], strict=True):
         arch = Architecture.from_json(text)
@@ -149,11 +148,8 @@ def estimate(path: Path) -> pd.DataFrame:
         if batch < 1:
             found[str(tid)] = cols | {"feasible_estimated": False}
             continue
-        raw = est.estimate(arch, wl, batch)
-        chunks = -(-batch * wl.prompt_len // hw.max_num_batched_tokens)
-        ttft, tpot = raw["ttft_ms"] + chunks * chunk_ms, raw["tpot_ms"] + hw.step_overhead_ms
-        cols |= {"estimated_ttft_ms": ttft, "estimated_tpot_ms": tpot}
-        cols["estimated_throughput_tok_s"] = batch * wl.output_len / ((ttft + wl.output_len * tpot) / 1e3)
+        served = est.served(arch, wl, batch, hw)
+        cols |= {f"estimated_{k}": served[k] for k in ("ttft_ms", "tpot_ms", "throughput_tok_s")}
         judged = [c for c in constraints if f"estimated_{c.metric}" in cols]
         cols["feasible_estimated"] = all(c.satisfied(cols[f"estimated_{c.metric}"]) for c in judged)
         found[str(tid)] = cols

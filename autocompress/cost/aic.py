@@ -23,12 +23,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from autocompress.arch import Architecture
-from autocompress.config import Workload
+from autocompress.config import Hardware, Workload
 from autocompress.errors import ConfigError
 
 PINNED = "0.12.0"
@@ -193,6 +194,16 @@ class Estimator:
             ttft, tpot = ttft + p, tpot + d
         throughput = batch * osl / ((ttft + osl * tpot) / 1e3)
         return {"ttft_ms": ttft, "tpot_ms": tpot, "throughput_tok_s": throughput}
+
+    def served(self, arch: Architecture, workload: Workload, batch: int, hardware: Hardware) -> dict[str, float]:
+        """`estimate` plus what static mode leaves out: the hardware file's per-step overhead on TPOT and its
+        per-chunk prefill overhead on TTFT (chunks of max_num_batched_tokens); the raw figures as aic_*."""
+        raw = self.estimate(arch, workload, batch)
+        chunk_ms = hardware.step_overhead_ms if hardware.prefill_overhead_ms is None else hardware.prefill_overhead_ms
+        chunks = math.ceil(max(int(batch), 1) * workload.prompt_len / hardware.max_num_batched_tokens)
+        ttft, tpot = raw["ttft_ms"] + chunks * chunk_ms, raw["tpot_ms"] + hardware.step_overhead_ms
+        throughput = max(int(batch), 1) * workload.output_len / ((ttft + workload.output_len * tpot) / 1e3)
+        return {"ttft_ms": ttft, "tpot_ms": tpot, "throughput_tok_s": throughput, **{f"aic_{k}": v for k, v in raw.items()}}
 
 
 def _neighbours(kv: int, heads: int) -> tuple[int | None, int | None]:
