@@ -110,7 +110,8 @@ def _done(table: pd.DataFrame) -> set[tuple[str, str]]:
     return set(zip(table["arch_id"], table["workload"], strict=True))
 
 
-def _row_meta(arch: Architecture, role: str, wl: Workload, spec: RunSpec, settings: EngineSettings) -> dict[str, Any]:
+def _design_row(arch: Architecture, role: str, wl: Workload, spec: RunSpec) -> dict[str, Any]:
+    """The columns every row of a measurements or estimates file carries: which architecture, workload, hardware, model."""
     return {
         "arch_id": arch_id(arch),
         "architecture": arch.to_json(),
@@ -122,9 +123,15 @@ def _row_meta(arch: Architecture, role: str, wl: Workload, spec: RunSpec, settin
         "concurrency": wl.concurrency,
         "dtype": wl.dtype,
         "hardware": spec.scenario.hardware.name,
+        "model": spec.model.name,
+    }
+
+
+def _row_meta(arch: Architecture, role: str, wl: Workload, spec: RunSpec, settings: EngineSettings) -> dict[str, Any]:
+    return {
+        **_design_row(arch, role, wl, spec),
         "cpu": spec.scenario.hardware.cpu,
         "engine": settings.engine,
-        "model": spec.model.name,
         "kv_cache_gib": settings.kv_cache_gib,
         "measured_at": dt.datetime.now().isoformat(timespec="seconds"),
     }
@@ -264,21 +271,7 @@ def estimate_design(spec: RunSpec, space: SearchSpace, plan: list[tuple[Architec
     est, rows, start = Estimator(hw.aiconfigurator), [], time.time()
     for arch, role in tqdm(plan, desc=f"aiconfigurator {hw.aiconfigurator}", unit="arch", file=sys.stderr):
         for wl in workloads:
-            row = {
-                "arch_id": arch_id(arch),
-                "architecture": arch.to_json(),
-                "role": role,
-                "params": arch.num_params(),
-                "workload": wl.name,
-                "prompt_len": wl.prompt_len,
-                "output_len": wl.output_len,
-                "concurrency": wl.concurrency,
-                "dtype": wl.dtype,
-                "hardware": hw.name,
-                "engine": hw.engine,
-                "model": spec.model.name,
-                "source": est.source,
-            }
+            row = {**_design_row(arch, role, wl, spec), "engine": hw.engine, "source": est.source}
             batch = wave_batch(space, hw, wl, arch)
             if batch < 1:
                 rows.append({**row, "status": "failed", "error": "the KV cache cannot hold one sequence"})

@@ -76,18 +76,27 @@ def _merge(frame: pd.DataFrame, measured: dict[str, dict[str, Any]]) -> pd.DataF
     return keep.merge(extra, left_on="trial_id", right_index=True, how="left")
 
 
-def verify(path: Path) -> pd.DataFrame:
-    """Measure every architecture of a pareto.parquet (or any trials file of a run; a run folder: its pareto.parquet) in the engine."""
+def _run_of(path: Path) -> tuple[Path, Path, RunSpec]:
+    """(pareto file, run folder, the run's spec) of a pareto.parquet or a run folder given on the command line."""
     if path.is_dir():
         path = path / "pareto.parquet"
     if not path.exists():
         raise ConfigError(f"{path} does not exist; give results/<scenario>/<run_id>/pareto.parquet of a finished sweep")
-    run_dir = path.parent
-    spec: RunSpec = run_spec_of(run_dir)
+    return path, path.parent, run_spec_of(path.parent)
+
+
+def _finished(path: Path, what: str) -> pd.DataFrame:
     table = read_table(path)
     table = table[table["status"] == "ok"] if "status" in table else table
     if table.empty:
-        raise ConfigError(f"{path} has no finished trials to verify")
+        raise ConfigError(f"{path} has no finished trials to {what}")
+    return table
+
+
+def verify(path: Path) -> pd.DataFrame:
+    """Measure every architecture of a pareto.parquet (or any trials file of a run; a run folder: its pareto.parquet) in the engine."""
+    path, run_dir, spec = _run_of(path)
+    table = _finished(path, "verify")
     hw, wl = spec.scenario.hardware, spec.scenario.workload
     require_vllm(hw.engine)
     kv = spec.profile.kv_cache_gib or hw.kv_cache_gib or 1.0
@@ -122,20 +131,12 @@ def estimate(path: Path) -> pd.DataFrame:
     from autocompress.cost.aic import Estimator
     from autocompress.profile import wave_batch
 
-    if path.is_dir():
-        path = path / "pareto.parquet"
-    if not path.exists():
-        raise ConfigError(f"{path} does not exist; give results/<scenario>/<run_id>/pareto.parquet of a finished sweep")
-    run_dir = path.parent
-    spec = run_spec_of(run_dir)
+    path, run_dir, spec = _run_of(path)
     hw, wl = spec.scenario.hardware, spec.scenario.workload
     if not hw.aiconfigurator or hw.aiconfigurator_derived:
         why = f"its tables are another GPU's ({hw.aiconfigurator})" if hw.aiconfigurator else "it names no aiconfigurator system"
         raise ConfigError(f"verify.source=aiconfigurator cannot judge {hw.name}: {why}; verify there in the engine")
-    table = read_table(path)
-    table = table[table["status"] == "ok"] if "status" in table else table
-    if table.empty:
-        raise ConfigError(f"{path} has no finished trials to estimate")
+    table = _finished(path, "estimate")
     constraints = _constraints(run_dir)
     base = Architecture.from_llama_config(load_base_model(spec.model).model.config)
     space = SearchSpace.from_base(base, spec.search.space)
