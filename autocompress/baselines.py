@@ -12,6 +12,7 @@ Naive ones, kept for profiling designs: uniform-fraction shrinks and random feas
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from autocompress.arch import Architecture, Block, SearchSpace
 from autocompress.config import Constraint
@@ -100,6 +101,15 @@ def homogeneous_full_kv(
                 out.append(arch)
                 break
     return out
+
+
+def best_homogeneous(archs: list[Architecture], kl: Callable[[Architecture], float]) -> tuple[Architecture, float] | None:
+    """The architecture of `archs` (e.g. `homogeneous_full_kv`'s) with the lowest `kl`, and that KL; None if there is none."""
+    scored = [(kl(a), i) for i, a in enumerate(archs)]
+    if not scored:
+        return None
+    value, i = min(scored)
+    return archs[i], value
 
 
 def greedy_removal(

@@ -11,12 +11,14 @@ from typing import Any
 import torch
 
 from autocompress.arch import Architecture, SearchSpace
+from autocompress.baselines import best_homogeneous, homogeneous_full_kv
 from autocompress.config import Constraint, RunSpec, Scenario
 from autocompress.cost import CostModel, get_cost_model
 from autocompress.data import load_token_data
 from autocompress.errors import InfeasibleError
 from autocompress.importance import rank_units, teacher_hidden
 from autocompress.masking import MaskedModel
+from autocompress.minitron import importance as block_importance
 from autocompress.models import BaseModel, load_base_model
 from autocompress.search import SearchInputs, evaluate
 
@@ -53,6 +55,24 @@ def resolve_constraints(scenario: Scenario, space: SearchSpace, cost_model: Cost
 def check_space(base: Architecture, space: SearchSpace) -> None:
     if space.largest() != base:
         raise InfeasibleError("the search space does not contain the base model; check search.space divisors")
+
+
+def homogeneous_rival(model: Any, masked: MaskedModel, inputs: SearchInputs, cost_model: CostModel, sequences: int) -> Architecture | None:
+    """The full-width homogeneous shape (every head, one FFN width, the fewest least important blocks dropped) that
+    meets the constraints with the lowest selection-split KL: what every search's result must beat (None: none fits)."""
+    drop_order = block_importance(model, inputs.calib[:sequences], progress=False).drop_order()
+    archs = homogeneous_full_kv(inputs.space, drop_order, cost_model, inputs.constraints)
+    best = best_homogeneous(archs, lambda a: evaluate(model, masked, a, inputs.select, inputs.teacher_select)[0])
+    if best is None:
+        log("homogeneous rival: no full-width homogeneous shape meets the constraints")
+        return None
+    arch, kl = best
+    kept = [b.ffn for b in arch.blocks if b.ffn]
+    log(
+        f"homogeneous rival: FFN {max(kept, default=0)} in {len(kept)} of {arch.num_layers} layers, "
+        f"{arch.num_params() / 1e6:.1f}M parameters, selection KL {kl:.3f} ({len(archs)} FFN widths fit)"
+    )
+    return arch
 
 
 def prepare(spec: RunSpec, progress: bool = True, on_checked: Callable[[], Any] | None = None) -> Prepared:
@@ -97,6 +117,8 @@ def prepare(spec: RunSpec, progress: bool = True, on_checked: Callable[[], Any] 
     )
     masked = MaskedModel(model, space, ranking)
     _, base_ppl = evaluate(model, masked, None, data.report, report_hidden)
+    if spec.search.homogeneous_candidate:
+        inputs.homogeneous = homogeneous_rival(model, masked, inputs, cost_model, spec.search.importance_sequences)
     masked.remove()
     log(f"prepared in {time.time() - start:.0f}s; base model report-split perplexity {base_ppl:.2f}")
     return Prepared(base_model, space, cost_model, base_costs, base_ppl, inputs)

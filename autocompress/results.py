@@ -56,6 +56,10 @@ TRIAL_SCHEMA: dict[str, tuple[str, str]] = {
     "perplexity": ("float64", "report-split perplexity of the pruned model, no retraining"),
     "repair_steps": ("int64", "single-decision downgrades applied after the search to meet the constraints"),
     "fill_steps": ("int64", "single-decision upgrades applied after repair into the slack inside the margin-tightened bounds"),
+    "origin": (
+        "string",
+        "search | homogeneous: the trial's own search result or the filled homogeneous candidate, whichever had the lower selection KL",
+    ),
     "wall_s": ("float64", "wall-clock seconds of the search"),
     "cost_model": ("string", "id of the cost model that predicted the costs"),
     "cost_model_extrapolated": ("bool", "the architecture or workload lies outside what the (fitted) cost model was measured on"),

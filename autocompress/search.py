@@ -8,7 +8,9 @@ constraint c by the expected cost under the current distributions; lambda_c >= 0
 ascent (or stays fixed when dual_lr = 0). Weights are frozen: only the architecture logits learn.
 The most probable architecture is then repaired (downgraded until every bound holds) and filled
 (upgraded into the slack left inside the margin-tightened bounds), each move chosen among the few
-the final distributions favour by KL on `search.probe_sequences` calibration sequences.
+the final distributions favour by KL on `search.probe_sequences` calibration sequences. With
+`search.homogeneous_candidate`, the best full-width homogeneous shape (prepared once per sweep) is
+filled the same way and kept instead when its selection-split KL is lower (`SearchResult.origin`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class SearchInputs:
     teacher_select: torch.Tensor  # [m, s, d]
     teacher_report: torch.Tensor  # [r, s, d]
     constraints: tuple[Constraint, ...]  # absolute bounds
+    homogeneous: Architecture | None = None  # best full-width homogeneous shape (selection KL): each search's rival, filled alike
 
 
 @dataclass
@@ -61,6 +64,9 @@ class SearchResult:
     history: list[dict[str, float]] = field(default_factory=list)
     kl_select: float = math.nan  # selection split: KL(teacher || student), what picks among trials
     perplexity_select: float = math.nan  # selection split: perplexity of the student
+    origin: str = "search"  # "homogeneous" when the filled homogeneous rival had the lower selection KL and was kept
+    searched: Architecture | None = None  # the search's own result (repaired, filled), kept or not
+    searched_kl_select: float = math.nan  # its selection-split KL
 
     @property
     def all_feasible(self) -> bool:
@@ -328,6 +334,15 @@ def run_search(
         if spec.fill:
             arch, fills = fill(arch, space, cost_model, cons, tuple(final), quality, settings.margin, spec.candidates)
         kl_select, ppl_select = evaluate(model, masked, arch, inputs.select, inputs.teacher_select)
+        searched, searched_kl, origin = arch, kl_select, "search"
+        rival = inputs.homogeneous  # the best homogeneous shape, its slack spent the same way; only under bounds it meets
+        if rival is not None and all(feasibility(cons, cost_model.predict(rival)).values()):
+            rival_fills = 0
+            if spec.fill:
+                rival, rival_fills = fill(rival, space, cost_model, cons, tuple(final), quality, settings.margin, spec.candidates)
+            rival_kl, rival_ppl = evaluate(model, masked, rival, inputs.select, inputs.teacher_select)
+            if rival_kl < kl_select:
+                arch, fills, kl_select, ppl_select, origin = rival, rival_fills, rival_kl, rival_ppl, "homogeneous"
         kl_report, ppl_report = evaluate(model, masked, arch, inputs.report, inputs.teacher_report)
     finally:
         masked.remove()
@@ -348,4 +363,7 @@ def run_search(
         argmax=argmax,
         kl_select=kl_select,
         perplexity_select=ppl_select,
+        origin=origin,
+        searched=searched,
+        searched_kl_select=searched_kl,
     )

@@ -181,7 +181,7 @@ def trial_row(
     row.update({k: result.costs[k] for k in COST_DIRECTIONS})
     row.update(feasibility_columns(constraints, result.feasible))
     row.update(kl_select=result.kl_select, perplexity_select=result.perplexity_select, kl=result.kl, perplexity=result.perplexity)
-    row.update(repair_steps=result.repair_steps, fill_steps=result.fill_steps, wall_s=result.wall_s)
+    row.update(repair_steps=result.repair_steps, fill_steps=result.fill_steps, origin=result.origin, wall_s=result.wall_s)
     row.update(cost_model=cost_model.id, cost_model_extrapolated=cost_model.extrapolates(result.architecture))
     return row
 

@@ -49,6 +49,32 @@ def test_search_ends_feasible(prepared, settings: LagrangianSettings) -> None:  
         assert all(s[f"lambda_{c.metric}"] >= 0 for s in steps for c in p.inputs.constraints)
 
 
+def test_homogeneous_rival_competes_with_the_search(prepared) -> None:  # type: ignore[no-untyped-def]
+    """The prepared rival is full-width, homogeneous and feasible; a search keeps whichever of the two has the lower selection KL."""
+    spec, p = prepared
+    rival = p.inputs.homogeneous
+    assert rival is not None and p.space.allows(rival)
+    kept = [b for b in rival.blocks if b.ffn or b.kv_heads]
+    assert rival.hidden_size == p.space.base.hidden_size and rival.num_attention_heads == p.space.base.num_attention_heads
+    assert {(b.kv_heads, b.ffn) for b in kept} == {(p.space.base.blocks[0].kv_heads, kept[0].ffn)}
+    costs = p.cost_model.predict(rival)
+    assert all(c.satisfied(costs[c.metric]) for c in p.inputs.constraints)
+    for kl_weight in (1.0, 0.0):  # 0: a cost-only search shrinks everything, so the rival must win
+        res = run_search(p.base.model, p.inputs, p.cost_model, spec.search, LagrangianSettings(), kl_weight=kl_weight)
+        alone = run_search(
+            p.base.model,
+            dataclasses.replace(p.inputs, homogeneous=None),
+            p.cost_model,
+            spec.search,
+            LagrangianSettings(),
+            kl_weight=kl_weight,
+        )
+        assert alone.origin == "search" and alone.architecture == res.searched and alone.kl_select == res.searched_kl_select
+        assert res.all_feasible and res.kl_select <= res.searched_kl_select
+        assert (res.origin == "homogeneous") == (res.kl_select < res.searched_kl_select)
+    assert res.origin == "homogeneous" and res.architecture != res.searched
+
+
 def test_each_bound_is_met(prepared) -> None:  # type: ignore[no-untyped-def]
     spec, p = prepared
     base_ttft = p.cost_model.predict(p.space.largest())["ttft_ms"]
