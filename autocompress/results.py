@@ -58,7 +58,7 @@ TRIAL_SCHEMA: dict[str, tuple[str, str]] = {
     "fill_steps": ("int64", "single-decision upgrades applied after repair into the slack inside the margin-tightened bounds"),
     "origin": (
         "string",
-        "search | homogeneous: the trial's own search result or the filled homogeneous candidate, whichever had the lower selection KL",
+        "search | homogeneous: the search's own result or the filled homogeneous rival, the lower selection KL",
     ),
     "wall_s": ("float64", "wall-clock seconds of the search"),
     "cost_model": ("string", "id of the cost model that predicted the costs"),
