@@ -524,7 +524,12 @@ def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model],
     write_json(
         {
             "scenario": ctx.spec.scenario.name,
-            "autocompress": {"trial": ctx.row["trial_id"], "params": ac.arch.num_params(), "average": 100 * ac.score("average")},
+            "autocompress": {
+                "trial": ctx.row["trial_id"],
+                "params": ac.arch.num_params(),
+                "average": 100 * ac.score("average"),
+                "origin": None if pd.isna(ctx.row.get("origin")) else str(ctx.row.get("origin")),
+            },
             "minitron": {
                 "params": mt.arch.num_params(),
                 "average": 100 * mt.score("average"),

@@ -51,6 +51,7 @@ def test_two_trial_sweep_writes_parquet(tmp_path: Path, sweep: str, request: pyt
     assert set(pareto["trial_id"]) <= set(trials.loc[trials["feasible"], "trial_id"])
     assert trials["kl_select"].notna().all() and trials["kl"].notna().all() and (trials["kl_select"] != trials["kl"]).any()
     assert pareto["kl_select"].is_monotonic_increasing  # fronts are ranked on the selection split
+    assert set(trials["origin"]) <= {"search", "homogeneous"}
     loaded_trials, loaded_pareto = results.load(run)
     assert len(loaded_trials) == 2 and len(loaded_pareto) == len(pareto)
     assert run_spec_of(run).scenario.name == "cpu_interactive"
