@@ -6,7 +6,7 @@ the same distillation budget from the same teacher on the same calibration text 
 architecture is the sweep's feasible trial with the lowest selection-split KL (or `compare.trial`);
 the sweep runs first unless `compare.run` names a finished one. Minitron's is the best by
 selection-split KL of its top-k homogeneous candidates that meet the same absolute constraints under
-the same cost model (autocompress.minitron, as ModelOpt's mcore_minitron). KL before distillation is
+the same cost model (autocompress.baselines.minitron, as ModelOpt's mcore_minitron). KL before distillation is
 reported on the report split. The table reports the constraint, predicted (and, where the engine
 runs here, measured) costs, parameters, each benchmark and the average (means over seeds),
 perplexities, and AutoCompress minus Minitron with a 95% interval from a bootstrap over items and
@@ -34,16 +34,16 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from autocompress.cliargs import hydra_entry
-from autocompress.cliargs import task as hydra_task
-from autocompress.config import Constraint, RunSpec, build, run_spec_from_dict
+from autocompress.baselines.minitron import MinitronSpec
+from autocompress.config.cliargs import hydra_entry
+from autocompress.config.cliargs import task as hydra_task
+from autocompress.config.schema import Constraint, RunSpec, build, run_spec_from_dict
 from autocompress.distill import DistillSpec
 from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.evaluate import EvalResult, EvalSpec
-from autocompress.minitron import MinitronSpec
-from autocompress.prepare import log
-from autocompress.results import check_writable, load_run, write_json, write_parquet, write_text
-from autocompress.tasks import TASKS, evaluation_paths
+from autocompress.io import check_writable, log, write_json, write_parquet, write_text
+from autocompress.quality.tasks import TASKS, evaluation_paths
+from autocompress.results.store import load_run
 
 COSTS = ("ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gib")
 MEASURED = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "throughput_tok_s": "throughput_tok_s", "memory_gib": "peak_gib"}
@@ -245,10 +245,10 @@ def resolve_run(job: CompareJob, config_yaml: str, stages: dict[str, float | str
 
 def minitron_stage(job: CompareJob, ctx: Context, out: Path) -> None:
     """Minitron's search and its checkpoint (candidates.parquet beside it)."""
-    from autocompress import minitron
-    from autocompress.importance import teacher_hidden
-    from autocompress.masking import MaskedModel
-    from autocompress.search import evaluate
+    from autocompress.arch.importance import teacher_hidden
+    from autocompress.arch.masking import MaskedModel
+    from autocompress.baselines import minitron
+    from autocompress.search.differentiable import evaluate
 
     model, space, spec, mspec = ctx.model, ctx.space, ctx.spec, job.compare.minitron
     select = ctx.data.select[: mspec.score_sequences]  # None: the whole split, as the sweep's trials are picked
@@ -299,10 +299,10 @@ def cost_model_choice(configured: str, judged_by: str) -> str:
 
 def build_context(job: CompareJob, run_dir: Path) -> Context:
     """Base model, space, the run's cost model and absolute constraints, calibration tokens."""
-    from autocompress.arch import Architecture, SearchSpace
+    from autocompress.arch.space import Architecture, SearchSpace
     from autocompress.cost import get_cost_model
-    from autocompress.data import load_token_data
-    from autocompress.models import load_base_model
+    from autocompress.model.base import load_base_model
+    from autocompress.model.data import load_token_data
 
     run = load_run(run_dir)
     spec = run.spec or job.spec
@@ -323,8 +323,8 @@ def build_context(job: CompareJob, run_dir: Path) -> Context:
 
 
 def evaluate_stage(job: CompareJob, ctx: Context, path: str | Path, out: Path) -> None:
-    from autocompress.checkpoint import load_checkpoint
     from autocompress.evaluate import evaluate_model, write_result
+    from autocompress.model.checkpoint import load_checkpoint
 
     loaded = load_checkpoint(path, ctx.spec.model)
     write_result(evaluate_model(loaded.model, loaded.tokenizer, job.evaluate, name=str(out.parent.name)), out)
@@ -346,8 +346,8 @@ def measure_costs(job: CompareJob, ctx: Context, models: list[Model], out: Path,
 
 
 def _measure(ctx: Context, models: list[Model], path: Path) -> None:
-    from autocompress.engine import engine_settings, measure_many, require_vllm
-    from autocompress.raycluster import init_ray
+    from autocompress.cost.engine import engine_settings, measure_many, require_vllm
+    from autocompress.search.cluster import init_ray
 
     hw, wl = ctx.spec.scenario.hardware, ctx.spec.scenario.workload
     require_vllm(hw.engine)
@@ -365,14 +365,14 @@ def _measure(ctx: Context, models: list[Model], path: Path) -> None:
 
 
 def minitron_widening() -> str:
-    from autocompress.minitron import WIDENING
+    from autocompress.baselines.minitron import WIDENING
 
     return WIDENING
 
 
 def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Model]:
     """Both pruned checkpoints: the AutoCompress trial through the export, Minitron's pick through the same slicing."""
-    from autocompress.arch import Architecture
+    from autocompress.arch.space import Architecture
     from autocompress.export import ExportRequest, export
 
     row, run_dir, cost_model = ctx.row, ctx.run.path, ctx.cost_model
@@ -556,7 +556,7 @@ def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model],
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 @hydra_task
 def main(cfg: DictConfig) -> None:
-    from autocompress.compose import plain
+    from autocompress.config.compose import plain
 
     try:
         run_compare(job_from_dict(plain(cfg)), OmegaConf.to_yaml(cfg, resolve=True))

@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from autocompress.config import DataSpec, ModelSpec, build
-from autocompress.data import load_token_data
+from autocompress.config.schema import DataSpec, ModelSpec, build
 from autocompress.errors import ConfigError
-from autocompress.tasks import DEFAULT_CORPUS, evaluation_paths
+from autocompress.model.data import load_token_data
+from autocompress.quality.tasks import DEFAULT_CORPUS, evaluation_paths
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
@@ -224,7 +224,7 @@ def distill(
 
     `evaluation_dirs`: folders of evaluation data the distillation text must not come from.
     """
-    from autocompress.checkpoint import open_model
+    from autocompress.model.checkpoint import open_model
 
     check_not_evaluation_data(data, evaluation_dirs)
     if out.exists() and not overwrite:
@@ -334,15 +334,15 @@ usage: python -m autocompress.distill STUDENT out=DIR [tokens=N] [KEY=VALUE ...]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from autocompress.cliargs import run_command
+    from autocompress.config.cliargs import run_command
 
     return run_command(argv, USAGE, _distill_command)
 
 
 def _distill_command(args: list[str]) -> None:
-    from autocompress.checkpoint import BASE, load_checkpoint
-    from autocompress.cliargs import UsageError, flag, parse
-    from autocompress.results import check_writable
+    from autocompress.config.cliargs import UsageError, flag, parse
+    from autocompress.io import check_writable
+    from autocompress.model.checkpoint import BASE, load_checkpoint
 
     cmd = parse(args, "distill", DistillSpec, options=("out", "teacher", "overwrite", "resume"))
     if len(cmd.positional) != 1 or not cmd.options.get("out"):

@@ -36,9 +36,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from autocompress.config import ModelSpec, build
+from autocompress.config.schema import ModelSpec, build
 from autocompress.errors import ConfigError
-from autocompress.tasks import DEFAULT_CORPUS, TASKS, Item, check_source, check_task_names, data_dir, default_tasks, load_items
+from autocompress.quality.tasks import DEFAULT_CORPUS, TASKS, Item, check_source, check_task_names, data_dir, default_tasks, load_items
 
 
 @dataclass(frozen=True)
@@ -486,15 +486,15 @@ usage: python -m autocompress.evaluate MODEL [out=DIR] [limit=N] [tasks=a,b] [KE
 
 
 def main(argv: list[str] | None = None) -> int:
-    from autocompress.cliargs import run_command
+    from autocompress.config.cliargs import run_command
 
     return run_command(argv, USAGE, _evaluate_command)
 
 
 def _evaluate_command(args: list[str]) -> None:
-    from autocompress.checkpoint import load_checkpoint
-    from autocompress.cliargs import UsageError, parse
-    from autocompress.results import check_writable
+    from autocompress.config.cliargs import UsageError, parse
+    from autocompress.io import check_writable
+    from autocompress.model.checkpoint import load_checkpoint
 
     cmd = parse(args, "evaluate", EvalSpec, options=("out",))
     if len(cmd.positional) != 1:

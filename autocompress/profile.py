@@ -23,21 +23,20 @@ import pandas as pd
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from autocompress.arch import Architecture, SearchSpace
-from autocompress.baselines import uniform_shrink
-from autocompress.cliargs import hydra_entry
-from autocompress.cliargs import task as hydra_task
-from autocompress.compose import load_workload, plain
-from autocompress.config import Hardware, RunSpec, Workload, run_spec_from_dict
+from autocompress.arch.space import Architecture, SearchSpace
+from autocompress.baselines.naive import uniform_shrink
+from autocompress.checkpoints.decilm import vllm_limitation
+from autocompress.config.cliargs import hydra_entry
+from autocompress.config.cliargs import task as hydra_task
+from autocompress.config.compose import load_workload, plain
+from autocompress.config.cpuinfo import identity
+from autocompress.config.schema import Hardware, RunSpec, Workload, run_spec_from_dict
+from autocompress.cost.engine import EngineSettings, arch_id, engine_settings, measure_many, require_vllm
 from autocompress.cost.fitted import FITTED, Measurement, fit_parameters, model_dir, ranges, save_record, validate, validate_each
-from autocompress.cpuinfo import identity
-from autocompress.decilm import vllm_limitation
-from autocompress.engine import EngineSettings, arch_id, engine_settings, measure_many, require_vllm
 from autocompress.errors import AutoCompressError, ConfigError
-from autocompress.models import load_base_model
-from autocompress.prepare import log
-from autocompress.raycluster import init_ray
-from autocompress.results import write_parquet
+from autocompress.io import log, write_parquet
+from autocompress.model.base import load_base_model
+from autocompress.search.cluster import init_ray
 
 MEASURED = ("ttft_ms", "tpot_ms", "throughput_tok_s", "kv_capacity_tokens")
 

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from autocompress.errors import AutoCompressError
-from autocompress.figures import (
+from autocompress.charts.figures import (
     COST_LABELS,
     compare_architectures,
     cost_name,
@@ -32,9 +31,11 @@ from autocompress.figures import (
     run_architectures,
     summary_table,
 )
-from autocompress.pareto import COST_DIRECTIONS
-from autocompress.plots import plot_architectures, plot_pareto, save
-from autocompress.results import Run, RunFolderError, check_writable, load_run, write_text
+from autocompress.charts.plots import plot_architectures, plot_pareto, save
+from autocompress.errors import AutoCompressError
+from autocompress.io import check_writable, write_text
+from autocompress.results.pareto import COST_DIRECTIONS
+from autocompress.results.store import Run, RunFolderError, load_run
 
 OPS = {"max": "≤", "min": "≥"}
 

@@ -27,15 +27,16 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from autocompress import __version__
-from autocompress.cliargs import hydra_entry
-from autocompress.cliargs import task as hydra_task
-from autocompress.compose import plain
-from autocompress.config import METRICS, Constraint, LagrangianSettings, RunSpec, run_spec_from_dict
+from autocompress.config.cliargs import hydra_entry
+from autocompress.config.cliargs import task as hydra_task
+from autocompress.config.compose import plain
+from autocompress.config.schema import METRICS, Constraint, LagrangianSettings, RunSpec, run_spec_from_dict
 from autocompress.cost import CostModel
 from autocompress.errors import AutoCompressError, ConfigError
-from autocompress.pareto import COST_DIRECTIONS, QUALITY, pareto_frame
-from autocompress.prepare import Prepared, log, prepare
-from autocompress.raycluster import (
+from autocompress.io import log, write_json, write_parquet, write_text
+from autocompress.results.pareto import COST_DIRECTIONS, QUALITY, pareto_frame
+from autocompress.results.store import architecture_columns, feasibility_columns, trials_frame
+from autocompress.search.cluster import (
     GIB,
     PendingWatch,
     check_ray_address,
@@ -46,8 +47,8 @@ from autocompress.raycluster import (
     start_ray,
     storage_join,
 )
-from autocompress.results import architecture_columns, feasibility_columns, trials_frame, write_json, write_parquet, write_text
-from autocompress.search import SearchInputs, SearchResult
+from autocompress.search.differentiable import SearchInputs, SearchResult
+from autocompress.search.prepare import Prepared, prepare
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SETTING_KEYS = [f.name for f in dataclasses.fields(LagrangianSettings)]
@@ -191,8 +192,8 @@ def run_trial(config: dict[str, Any], spec: RunSpec, inputs: SearchInputs, cost_
     import torch
     from ray import tune
 
-    from autocompress.models import load_base_model
-    from autocompress.search import run_search
+    from autocompress.model.base import load_base_model
+    from autocompress.search.differentiable import run_search
 
     settings = trial_settings(config, spec)
     threads = spec.search.threads or max(1, int(spec.sweep.cpus_per_trial))
@@ -484,7 +485,7 @@ def _start(spec: RunSpec, config_yaml: str, prepared: Prepared, definition: dict
 
 def _resume(run: RunFolder, prepared: Prepared) -> dict[str, Any]:
     """Reopen an interrupted run: its metadata (status running again) and the ranking its trials used."""
-    from autocompress.masking import Ranking
+    from autocompress.arch.masking import Ranking
 
     meta = run.metadata()
     _check_resumable(run.path, meta)

@@ -5,7 +5,7 @@ scenarios on a machine without that GPU): `estimated_*` columns and `feasible_es
 written into the `measured_*` ones.
 
 Each architecture runs in the serving engine on the run's workload, exactly as profiling measures
-it (autocompress.engine). The measured TTFT / TPOT / throughput / KV capacity / peak memory land
+it (autocompress.cost.engine). The measured TTFT / TPOT / throughput / KV capacity / peak memory land
 next to the predicted columns (`measured_<metric>`, with run-to-run spreads), with
 `feasible_measured` (every constraint met by the measured medians) and
 `feasible_within_noise` (met once each measurement may be off by its own spread). The file is
@@ -22,15 +22,15 @@ from typing import Any
 
 import pandas as pd
 
-from autocompress.arch import Architecture
-from autocompress.compose import run_spec_of
-from autocompress.config import Constraint, RunSpec
-from autocompress.engine import engine_settings, measure_many, require_vllm
+from autocompress.arch.space import Architecture
+from autocompress.config.compose import run_spec_of
+from autocompress.config.schema import Constraint, RunSpec
+from autocompress.cost.engine import engine_settings, measure_many, require_vllm
 from autocompress.errors import AutoCompressError, ConfigError
-from autocompress.models import load_base_model
-from autocompress.prepare import log
-from autocompress.raycluster import init_ray
-from autocompress.results import read_table, write_parquet
+from autocompress.io import log, write_parquet
+from autocompress.model.base import load_base_model
+from autocompress.results.store import read_table
+from autocompress.search.cluster import init_ray
 
 # predicted column -> measured field of the engine rows
 MEASURED = {
@@ -127,7 +127,7 @@ def verify(path: Path) -> pd.DataFrame:
 
 def estimate(path: Path) -> pd.DataFrame:
     """aiconfigurator's estimate of every architecture of a GPU run's pareto.parquet (plus the hardware file's per-step overheads)."""
-    from autocompress.arch import SearchSpace
+    from autocompress.arch.space import SearchSpace
     from autocompress.cost.aic import Estimator
     from autocompress.profile import wave_batch
 

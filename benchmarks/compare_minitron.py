@@ -29,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from autocompress import cpuinfo
+from autocompress.config import cpuinfo
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ["rtx5070_coding", "rtx5080_game", "h100_batched", "cpu_interactive"]

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from autocompress.arch import Architecture, SearchSpace
-from autocompress.compose import compose_spec, load_workload
+from autocompress.arch.space import Architecture, SearchSpace
+from autocompress.config.compose import compose_spec, load_workload
 from autocompress.cost.analytic import AnalyticCostModel
 from autocompress.cost.fitted import FITTED, latest_record, load_record, validate
-from autocompress.models import load_base_model
+from autocompress.model.base import load_base_model
 from autocompress.profile import load_measurements, measurements_path, to_measurements
 
 

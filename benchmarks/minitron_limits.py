@@ -24,13 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autocompress import minitron  # noqa: E402
+from autocompress.arch.importance import teacher_hidden  # noqa: E402
+from autocompress.arch.masking import MaskedModel  # noqa: E402
 from autocompress.compare import build_context, job_from_dict  # noqa: E402
-from autocompress.compose import compose_dict  # noqa: E402
+from autocompress.config.compose import compose_dict  # noqa: E402
 from autocompress.errors import InfeasibleError  # noqa: E402
-from autocompress.importance import teacher_hidden  # noqa: E402
-from autocompress.masking import MaskedModel  # noqa: E402
-from autocompress.results import load_run  # noqa: E402
-from autocompress.search import evaluate  # noqa: E402
+from autocompress.results.store import load_run  # noqa: E402
+from autocompress.search.differentiable import evaluate  # noqa: E402
 
 
 def main() -> None:

@@ -30,13 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from search_quality import SETTINGS, shape
 
-from autocompress.arch import Architecture
-from autocompress.baselines import meets
-from autocompress.compose import compose_spec
-from autocompress.cpuinfo import identity as cpu
-from autocompress.masking import MaskedModel
-from autocompress.prepare import prepare
-from autocompress.search import evaluate, fill, repair, run_search
+from autocompress.arch.masking import MaskedModel
+from autocompress.arch.space import Architecture
+from autocompress.config.compose import compose_spec
+from autocompress.config.cpuinfo import identity as cpu
+from autocompress.cost.base import meets
+from autocompress.search.differentiable import evaluate, fill, repair, run_search
+from autocompress.search.prepare import prepare
 
 VARIANTS = ("argmax", "repair_probe1", "repair_probe1_fill", "repair", "repair_fill")
 

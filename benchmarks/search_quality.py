@@ -11,7 +11,7 @@ the same cost model:
 - cost_only: the search with its KL term off (the picked setting's Lagrangian, kl_weight=0);
 - argmax_before_repair: the picked search's most probable architecture before repair (may be
   infeasible: its feasibility and every search's repair and fill steps are recorded);
-- minitron: the ModelOpt mcore_minitron baseline (autocompress.minitron) at the same constraints.
+- minitron: the ModelOpt mcore_minitron baseline (autocompress.baselines.minitron) at the same constraints.
 Every KL is on the report split; choices among candidates use the selection split only.
 Writes benchmarks/results/search_quality.json (the table) and --out (details); prints Markdown.
 
@@ -30,16 +30,18 @@ from typing import Any
 
 import torch
 
-from autocompress.arch import Architecture
-from autocompress.baselines import greedy_removal, homogeneous_full_kv, meets
-from autocompress.compose import compose_spec
-from autocompress.config import LagrangianSettings
-from autocompress.importance import sublayer_order
-from autocompress.masking import MaskedModel
-from autocompress.minitron import MinitronSpec, importance
-from autocompress.minitron import search as minitron_search
-from autocompress.prepare import prepare
-from autocompress.search import evaluate, run_search
+from autocompress.arch.importance import importance, sublayer_order
+from autocompress.arch.masking import MaskedModel
+from autocompress.arch.space import Architecture
+from autocompress.baselines.minitron import MinitronSpec
+from autocompress.baselines.minitron import search as minitron_search
+from autocompress.baselines.naive import greedy_removal
+from autocompress.config.compose import compose_spec
+from autocompress.config.schema import LagrangianSettings
+from autocompress.cost.base import meets
+from autocompress.search.differentiable import evaluate, run_search
+from autocompress.search.prepare import prepare
+from autocompress.search.rival import homogeneous_full_kv
 
 SETTINGS = [
     LagrangianSettings(margin=0.0, dual_lr=2.0),

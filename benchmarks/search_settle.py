@@ -24,13 +24,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from autocompress.baselines import meets
-from autocompress.compose import compose_spec
-from autocompress.config import LagrangianSettings
-from autocompress.cpuinfo import identity as cpu
-from autocompress.masking import MaskedModel
-from autocompress.prepare import prepare
-from autocompress.search import evaluate, run_search
+from autocompress.arch.masking import MaskedModel
+from autocompress.config.compose import compose_spec
+from autocompress.config.cpuinfo import identity as cpu
+from autocompress.config.schema import LagrangianSettings
+from autocompress.cost.base import meets
+from autocompress.search.differentiable import evaluate, run_search
+from autocompress.search.prepare import prepare
 
 SETTINGS = [LagrangianSettings(margin=0.1, dual_lr=0.5), LagrangianSettings(margin=0.0, dual_lr=0.5, seed=1)]
 

@@ -23,13 +23,13 @@ from typing import Any
 import torch
 from scipy.stats import spearmanr
 
-from autocompress.arch import Architecture, SearchSpace
-from autocompress.data import load_token_data
-from autocompress.importance import teacher_hidden
-from autocompress.masking import MaskedModel, Ranking
-from autocompress.models import load_base_model
-from autocompress.results import load_run
-from autocompress.search import evaluate
+from autocompress.arch.importance import teacher_hidden
+from autocompress.arch.masking import MaskedModel, Ranking
+from autocompress.arch.space import Architecture, SearchSpace
+from autocompress.model.base import load_base_model
+from autocompress.model.data import load_token_data
+from autocompress.results.store import load_run
+from autocompress.search.differentiable import evaluate
 
 
 def main() -> None:

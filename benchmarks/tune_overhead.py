@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from autocompress.compose import compose_spec
-from autocompress.config import RunSpec
-from autocompress.models import load_base_model
-from autocompress.prepare import prepare
-from autocompress.search import run_search
+from autocompress.config.compose import compose_spec
+from autocompress.config.schema import RunSpec
+from autocompress.model.base import load_base_model
+from autocompress.search.differentiable import run_search
+from autocompress.search.prepare import prepare
 from autocompress.sweep import grid_points, load_definition, run_sweep, trial_row, trial_settings
 
 TINY = [
@@ -71,7 +71,7 @@ def through_sweep(spec: RunSpec, warm: bool) -> tuple[float, float]:
     import pandas as pd
     import ray
 
-    from autocompress.raycluster import init_ray
+    from autocompress.search.cluster import init_ray
 
     if warm:
         init_ray(None)

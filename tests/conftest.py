@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import torch
 
-from autocompress.arch import Architecture, SearchSpace
-from autocompress.compose import compose_dict, compose_spec
-from autocompress.config import ModelSpec, SpaceSpec
-from autocompress.models import tiny_llama
+from autocompress.arch.space import Architecture, SearchSpace
+from autocompress.config.compose import compose_dict, compose_spec
+from autocompress.config.schema import ModelSpec, SpaceSpec
+from autocompress.model.base import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

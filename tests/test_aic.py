@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from autocompress.arch import Architecture, Block, SearchSpace
-from autocompress.compose import load_workload
-from autocompress.config import SpaceSpec
+from autocompress.arch.space import Architecture, Block, SearchSpace
+from autocompress.config.compose import load_workload
+from autocompress.config.schema import SpaceSpec
 from autocompress.cost import FittedCostModel, get_cost_model
 from autocompress.cost.aic import Estimator
 from autocompress.cost.fitted import load_record
@@ -111,8 +111,8 @@ def gpu_run(folder: Path, scenario: str, constraints: dict[str, float]) -> Path:
     """A finished run folder of a GPU scenario with two SmolLM2 Pareto points (the base model and half of it)."""
     from omegaconf import OmegaConf
 
-    from autocompress.baselines import uniform_shrink
-    from autocompress.compose import compose_dict
+    from autocompress.baselines.naive import uniform_shrink
+    from autocompress.config.compose import compose_dict
 
     folder.mkdir(parents=True)
     OmegaConf.save(OmegaConf.create(compose_dict(f"+scenario={scenario}", f"results.dir={folder.parent}")), folder / "config.yaml")

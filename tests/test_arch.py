@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from transformers import LlamaConfig
 
-from autocompress.arch import Architecture, Block, SearchSpace
-from autocompress.config import SpaceSpec
+from autocompress.arch.space import Architecture, Block, SearchSpace
+from autocompress.config.schema import SpaceSpec
 from autocompress.errors import ConfigError
 
 SMOLLM2 = LlamaConfig(

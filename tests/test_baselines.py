@@ -6,9 +6,10 @@ from typing import Any
 
 import torch
 
-from autocompress.arch import Architecture, Block
-from autocompress.baselines import greedy_removal, homogeneous_full_kv
-from autocompress.importance import sublayer_order
+from autocompress.arch.importance import sublayer_order
+from autocompress.arch.space import Architecture, Block
+from autocompress.baselines.naive import greedy_removal
+from autocompress.search.rival import homogeneous_full_kv
 
 from .test_minitron import smollm2_setup
 

@@ -13,12 +13,13 @@ import pytest
 import yaml
 
 from autocompress.compare import job_from_dict, paired_bootstrap, pick_trial, run_compare
-from autocompress.config import LagrangianSettings, run_spec_from_dict
+from autocompress.config.schema import LagrangianSettings, run_spec_from_dict
 from autocompress.errors import ConfigError
-from autocompress.pareto import pareto_frame
-from autocompress.prepare import prepare
-from autocompress.results import trials_frame, write_json, write_parquet
-from autocompress.search import run_search
+from autocompress.io import write_json, write_parquet
+from autocompress.results.pareto import pareto_frame
+from autocompress.results.store import trials_frame
+from autocompress.search.differentiable import run_search
+from autocompress.search.prepare import prepare
 from autocompress.sweep import trial_row
 
 from .conftest import SHARED_DATA, TINY_CPU, compose_dict
@@ -115,7 +116,8 @@ def fake_run(results: Path, overrides: list[str]) -> Path:
 def test_compare_runs_every_stage_and_reuses_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from autocompress import engine, raycluster
+    from autocompress.cost import engine
+    from autocompress.search import cluster as raycluster
 
     def fake_engine(archs: list[Any], *args: Any) -> Iterator[tuple[Any, list[dict[str, Any]]]]:
         for arch in archs:  # the engine is measured elsewhere (tests/test_profile.py); here only how its rows land

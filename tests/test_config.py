@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from hydra.errors import MissingConfigException
 
-from autocompress.config import Constraint, run_spec_from_dict
+from autocompress.config.schema import Constraint, run_spec_from_dict
 from autocompress.errors import ConfigError
 from autocompress.sweep import grid_points, load_definition
 
@@ -153,7 +153,7 @@ def test_unwritable_outputs_are_refused_before_any_work(tmp_path: Path) -> None:
     """evaluate, distill and export check their out= folder first: one error line, exit 2, nothing created."""
     import time
 
-    from autocompress.results import check_writable
+    from autocompress.io import check_writable
 
     afile = tmp_path / "a_file"
     afile.write_text("x")

@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from autocompress.arch import Architecture, Block, SearchSpace
-from autocompress.config import Hardware, SpaceSpec, Workload
+from autocompress.arch.space import Architecture, Block, SearchSpace
+from autocompress.config.schema import Hardware, SpaceSpec, Workload
 from autocompress.cost import COST_KEYS, PREDICTED_KEYS, AnalyticCostModel, ArchDistribution, CostModel
 
 from .test_arch import SMOLLM2

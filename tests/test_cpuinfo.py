@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from autocompress import cpuinfo
-from autocompress.compose import compose_spec
+from autocompress.config import cpuinfo
+from autocompress.config.compose import compose_spec
 
 AVX2 = {"model": "AMD EPYC", "simd": "avx2", "cores": "2"}
 BF16 = {"model": "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz", "simd": "avx2 avx512f avx512_bf16 amx_bf16", "cores": "2"}

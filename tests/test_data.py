@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from autocompress.config import DataSpec, build
-from autocompress.data import SPLITS, load_token_data, split_documents, stdlib_documents
+from autocompress.config.schema import DataSpec, build
 from autocompress.errors import ConfigError
-from autocompress.models import ByteTokenizer
+from autocompress.model.base import ByteTokenizer
+from autocompress.model.data import SPLITS, load_token_data, split_documents, stdlib_documents
 
 C4 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "corpora" / "c4_sample"
 EOS = 0

@@ -10,14 +10,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from autocompress.arch import Architecture, Block
-from autocompress.config import DataSpec
+from autocompress.arch.importance import rank_units
+from autocompress.arch.space import Architecture, Block
+from autocompress.checkpoints.slicing import write_weights
+from autocompress.config.schema import DataSpec
 from autocompress.distill import DistillSpec, check_not_evaluation_data, distill, kl_loss, lr_factor, main, work_dir
 from autocompress.errors import ConfigError
-from autocompress.export import write_weights
-from autocompress.importance import rank_units
-from autocompress.models import ByteTokenizer
-from autocompress.tasks import evaluation_paths
+from autocompress.model.base import ByteTokenizer
+from autocompress.quality.tasks import evaluation_paths
 
 DATA = DataSpec(seq_len=32, calib_sequences=4, report_sequences=4)
 SPEC = DistillSpec(tokens=12 * 4 * 32, seq_len=32, batch_size=4, lr=3e-3, warmup_steps=2, save_every=4, eval_sequences=4)

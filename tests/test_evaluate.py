@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from autocompress.config import build
+from autocompress.config.schema import build
 from autocompress.errors import ConfigError
 from autocompress.evaluate import (
     EvalSpec,
@@ -24,8 +24,8 @@ from autocompress.evaluate import (
     score_task,
     task_scores,
 )
-from autocompress.models import ByteTokenizer
-from autocompress.tasks import TASKS, Item, hellaswag_preprocess, load_items, subset
+from autocompress.model.base import ByteTokenizer
+from autocompress.quality.tasks import TASKS, Item, hellaswag_preprocess, load_items, subset
 
 from .conftest import CONF, SHARED_DATA
 
@@ -122,9 +122,9 @@ def decilm_export(model: Any, tmp_path: Path) -> Any:
     """A heterogeneous pruned checkpoint of `model` (no-op attention in layer 1), loaded back with its own code."""
     from transformers import AutoModelForCausalLM
 
-    from autocompress.arch import Architecture, Block
-    from autocompress.export import write_weights
-    from autocompress.importance import rank_units
+    from autocompress.arch.importance import rank_units
+    from autocompress.arch.space import Architecture, Block
+    from autocompress.checkpoints.slicing import write_weights
 
     base = Architecture.from_llama_config(model.config)
     arch = Architecture(**{**base.__dict__, "hidden_size": 48, "blocks": (Block(2, 64), Block(0, 96), Block(1, 32))})

@@ -12,16 +12,18 @@ from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from autocompress import export as export_mod
-from autocompress.arch import Architecture, Block, SearchSpace
-from autocompress.compose import CONF_DIR, run_spec_of
-from autocompress.config import ModelSpec, SpaceSpec
-from autocompress.decilm import parameter_shapes, vllm_limitation, write_checkpoint
+from autocompress.arch.importance import rank_units
+from autocompress.arch.masking import MaskedModel, Ranking
+from autocompress.arch.space import Architecture, Block, SearchSpace
+from autocompress.checkpoints.decilm import parameter_shapes, vllm_limitation, write_checkpoint
+from autocompress.checkpoints.slicing import checkpoint_format, pruned_state_dict
+from autocompress.checkpoints.verification import vllm_greedy
+from autocompress.config.compose import CONF_DIR, run_spec_of
+from autocompress.config.schema import ModelSpec, SpaceSpec
 from autocompress.errors import ConfigError
-from autocompress.export import checkpoint_format, main, pruned_state_dict, vllm_greedy
-from autocompress.importance import rank_units
-from autocompress.masking import MaskedModel, Ranking
-from autocompress.models import load_base_model, tiny_llama
-from autocompress.results import architecture_columns, trials_frame
+from autocompress.export import main
+from autocompress.model.base import load_base_model, tiny_llama
+from autocompress.results.store import architecture_columns, trials_frame
 from tests.conftest import TINY_CPU, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models gain nothing from threads
@@ -289,7 +291,7 @@ def test_three_kv_heads_merged_into_one_agree_in_float64(tokens: torch.Tensor, t
     """KV heads 3 -> 1 (weights 1/3): exact in float64; an fp32 merge matrix leaves a difference the check would see."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from autocompress import masking
+    from autocompress.arch import masking
 
     torch.manual_seed(0)
     config = LlamaConfig(

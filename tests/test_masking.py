@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from autocompress.arch import Architecture, Block, SearchSpace
-from autocompress.export import sliced_layers, to_llama
-from autocompress.importance import rank_units
-from autocompress.masking import MaskedModel, kv_merge_matrix
+from autocompress.arch.importance import rank_units
+from autocompress.arch.masking import MaskedModel, kv_merge_matrix
+from autocompress.arch.space import Architecture, Block, SearchSpace
+from autocompress.checkpoints.slicing import sliced_layers, to_llama
 
 
 def rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -129,7 +129,7 @@ def test_soft_masks_carry_gradients(tiny_model: Any, tiny_space: SearchSpace, to
 
 
 def test_ranking_round_trips(tiny_model: Any, tokens: torch.Tensor, tmp_path: Any) -> None:
-    from autocompress.masking import Ranking
+    from autocompress.arch.masking import Ranking
 
     ranking = rank_units(tiny_model, tokens, progress=False)
     ranking.save(tmp_path / "ranking.safetensors")

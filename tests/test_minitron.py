@@ -8,23 +8,22 @@ from typing import Any
 import pytest
 import torch
 
-from autocompress.arch import Architecture, Block, SearchSpace
-from autocompress.config import Constraint, Hardware, SpaceSpec, Workload
-from autocompress.cost import AnalyticCostModel
-from autocompress.errors import InfeasibleError
-from autocompress.importance import teacher_hidden
-from autocompress.minitron import (
+from autocompress.arch.importance import importance, teacher_hidden
+from autocompress.arch.space import Architecture, Block, SearchSpace
+from autocompress.baselines.minitron import (
     MinitronSpec,
     enumerate_candidates,
     feasible_candidates,
-    importance,
     limit_levels,
     modelopt_choices,
     search,
     to_score,
     write_checkpoint,
 )
-from autocompress.models import ByteTokenizer
+from autocompress.config.schema import Constraint, Hardware, SpaceSpec, Workload
+from autocompress.cost import AnalyticCostModel
+from autocompress.errors import InfeasibleError
+from autocompress.model.base import ByteTokenizer
 
 from .test_arch import SMOLLM2
 

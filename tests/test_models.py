@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from autocompress.arch import Architecture
-from autocompress.config import ModelSpec
-from autocompress.models import load_base_model, smollm2_gguf
+from autocompress.arch.space import Architecture
+from autocompress.config.schema import ModelSpec
+from autocompress.model.base import load_base_model, smollm2_gguf
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from autocompress.pareto import pareto_frame, pareto_mask
+from autocompress.results.pareto import pareto_frame, pareto_mask
 
 
 def test_pareto_mask_min_min() -> None:

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from autocompress.arch import Architecture, Block, SearchSpace
-from autocompress.config import Hardware, SpaceSpec, Workload
+from autocompress.arch.space import Architecture, Block, SearchSpace
+from autocompress.config.schema import Hardware, SpaceSpec, Workload
+from autocompress.cost.engine import engine_settings, measure
 from autocompress.cost.fitted import Measurement, _predict, fit_parameters, validate
-from autocompress.engine import engine_settings, measure
 from autocompress.profile import design
 
 pytestmark = [

@@ -12,11 +12,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from autocompress import figures, results
-from autocompress.arch import Architecture, Block
-from autocompress.pareto import COST_DIRECTIONS, pareto_frame
+from autocompress.arch.space import Architecture, Block
+from autocompress.charts import figures
 from autocompress.report import main, without_reports
-from autocompress.results import FRONT_COLUMNS, TRIAL_SCHEMA, Run, RunFolderError
+from autocompress.results import store as results
+from autocompress.results.pareto import COST_DIRECTIONS, pareto_frame
+from autocompress.results.store import FRONT_COLUMNS, TRIAL_SCHEMA, Run, RunFolderError
 
 from .conftest import run_cli
 

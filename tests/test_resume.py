@@ -20,9 +20,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from autocompress.compose import compose_dict, compose_spec
+from autocompress.config.compose import compose_dict, compose_spec
 from autocompress.errors import ConfigError
-from autocompress.raycluster import fetch_dir, mirror_files
+from autocompress.search.cluster import fetch_dir, mirror_files
 from autocompress.sweep import grid_points, resume_mode, settings_key, tune_space
 
 from .conftest import CONF, ROOT, TINY_CPU, run_cli
@@ -182,7 +182,7 @@ def test_sigterm_after_joining_ray_is_not_a_crash() -> None:
     code = "\n".join(
         [
             "import os, signal, time",
-            "from autocompress.raycluster import init_ray",
+            "from autocompress.search.cluster import init_ray",
             "init_ray(None)",
             "os.kill(os.getpid(), signal.SIGTERM)",
             "time.sleep(30)",
@@ -246,7 +246,7 @@ FOLDER = os.environ.get("AUTOCOMPRESS_TEST_GATE")
 
 class HoldLaterSearches(MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name != "autocompress.search" or not FOLDER:
+        if name != "autocompress.search.differentiable" or not FOLDER:
             return None
         spec = PathFinder.find_spec(name, path)
         exec_module = spec.loader.exec_module
@@ -284,7 +284,7 @@ from importlib.machinery import PathFinder
 
 class FailOneMargin(MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name != "autocompress.search":
+        if name != "autocompress.search.differentiable":
             return None
         spec = PathFinder.find_spec(name, path)
         exec_module = spec.loader.exec_module

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from autocompress.config import Constraint, LagrangianSettings
-from autocompress.prepare import prepare
-from autocompress.search import run_search, violation
+from autocompress.config.schema import Constraint, LagrangianSettings
+from autocompress.search.differentiable import run_search, violation
+from autocompress.search.prepare import prepare
 
 from .conftest import TINY_CPU, compose_spec
 
@@ -106,8 +106,8 @@ def test_settle_pushes_on_until_the_argmax_fits(prepared) -> None:  # type: igno
 
 def smollm2_on_h100():  # type: ignore[no-untyped-def]
     """SmolLM2-135M's search space and the analytic cost model of an H100 batched workload (no model loads)."""
-    from autocompress.arch import Architecture, SearchSpace
-    from autocompress.config import Hardware, SpaceSpec, Workload
+    from autocompress.arch.space import Architecture, SearchSpace
+    from autocompress.config.schema import Hardware, SpaceSpec, Workload
     from autocompress.cost import AnalyticCostModel
 
     from .test_arch import SMOLLM2
@@ -119,8 +119,8 @@ def smollm2_on_h100():  # type: ignore[no-untyped-def]
 
 
 def test_repair_reaches_feasibility_and_follows_measured_quality() -> None:
-    from autocompress.arch import Architecture
-    from autocompress.search import repair
+    from autocompress.arch.space import Architecture
+    from autocompress.search.differentiable import repair
 
     space, cm = smollm2_on_h100()
     bound = (Constraint("ttft_ms", 0.8 * cm.predict(space.largest())["ttft_ms"]),)
@@ -143,8 +143,8 @@ def test_repair_reaches_feasibility_and_follows_measured_quality() -> None:
 
 
 def test_fill_spends_slack_without_breaking_the_target() -> None:
-    from autocompress.arch import Architecture
-    from autocompress.search import fill
+    from autocompress.arch.space import Architecture
+    from autocompress.search.differentiable import fill
 
     space, cm = smollm2_on_h100()
     base = cm.predict(space.largest())["ttft_ms"]
@@ -172,7 +172,7 @@ def test_fill_spends_slack_without_breaking_the_target() -> None:
 
 
 def _upgrades_of(arch, space):  # type: ignore[no-untyped-def]
-    from autocompress.search import _moves
+    from autocompress.search.differentiable import _moves
 
     flat = [torch.zeros(len(space.hidden)), torch.zeros(30, len(space.attention)), torch.zeros(30, len(space.ffn)), torch.zeros(3)]
     return _moves(space.indices(arch), flat, space, +1)

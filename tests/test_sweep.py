@@ -8,10 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from autocompress import results
-from autocompress.compose import run_spec_of
-from autocompress.masking import Ranking
-from autocompress.results import FRONT_COLUMNS, TRIAL_SCHEMA
+from autocompress.arch.masking import Ranking
+from autocompress.config.compose import run_spec_of
+from autocompress.results import store as results
+from autocompress.results.store import FRONT_COLUMNS, TRIAL_SCHEMA
 
 from .conftest import TINY_CPU, run_cli
 
@@ -87,7 +87,7 @@ def test_trial_fits_only_on_a_node_that_has_all_of_it(monkeypatch: pytest.Monkey
     import ray
 
     from autocompress.errors import ConfigError
-    from autocompress.raycluster import check_trial_fits
+    from autocompress.search.cluster import check_trial_fits
 
     nodes = [{"Alive": True, "Resources": {"CPU": 16.0}}, {"Alive": True, "Resources": {"CPU": 2.0, "GPU": 1.0}}]
     monkeypatch.setattr(ray, "nodes", lambda: nodes)
@@ -134,7 +134,7 @@ def test_memory_per_trial_is_checked_against_the_nodes(monkeypatch: pytest.Monke
     import ray
 
     from autocompress.errors import ConfigError
-    from autocompress.raycluster import GIB, check_trial_fits
+    from autocompress.search.cluster import GIB, check_trial_fits
 
     nodes = [
         {"Alive": True, "Resources": {"CPU": 8.0, "memory": 6.0 * GIB}},
@@ -149,7 +149,7 @@ def test_memory_per_trial_is_checked_against_the_nodes(monkeypatch: pytest.Monke
 
 def test_pending_watch_warns_once_then_times_out(capsys: pytest.CaptureFixture[str]) -> None:
     """Pending trials with none running: one warning after pending_warn_s, timed out after pending_timeout_s; a running trial resets it."""
-    from autocompress.raycluster import PendingWatch
+    from autocompress.search.cluster import PendingWatch
 
     now = [0.0]
     watch = PendingWatch(10, 30, "2 CPUs free for a trial", clock=lambda: now[0])
@@ -182,7 +182,7 @@ def test_a_trial_that_never_starts_ends_the_tune_run(tmp_path: Path, capsys: pyt
     import ray
     from ray import tune
 
-    from autocompress.raycluster import PendingWatch
+    from autocompress.search.cluster import PendingWatch
     from autocompress.sweep import _stopper, _watcher
 
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from autocompress.config import Constraint
+from autocompress.config.schema import Constraint
 from autocompress.verify import measured_columns
 
 from .conftest import TINY_CPU, run_cli

@@ -3,8 +3,8 @@
 import sys
 from pathlib import Path
 
-from autocompress.arch import SearchSpace
-from autocompress.config import Scenario
+from autocompress.arch.space import SearchSpace
+from autocompress.config.schema import Scenario
 from autocompress.cost.analytic import AnalyticCostModel
 from autocompress.cost.base import COST_KEYS, PREDICTED_KEYS, ArchDistribution, CostModel
 from autocompress.cost.fitted import FittedCostModel, latest_record, load_record, records

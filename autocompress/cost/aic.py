@@ -28,8 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from autocompress.arch import Architecture
-from autocompress.config import Hardware, Workload
+from autocompress.arch.space import Architecture
+from autocompress.config.schema import Hardware, Workload
 from autocompress.errors import ConfigError
 
 PINNED = "0.12.0"

@@ -18,8 +18,8 @@ import math
 
 import torch
 
-from autocompress.arch import SearchSpace
-from autocompress.config import Hardware, Workload
+from autocompress.arch.space import SearchSpace
+from autocompress.config.schema import Hardware, Workload
 from autocompress.cost.base import ArchDistribution, CostModel
 
 GIB = 1024.0**3

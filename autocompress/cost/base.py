@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from autocompress.arch import Architecture, SearchSpace
+from autocompress.arch.space import Architecture, SearchSpace
+from autocompress.config.schema import Constraint
 
 COST_KEYS = ("ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gib")  # what constraints bound
 PREDICTED_KEYS = (*COST_KEYS, "kv_capacity_tokens")  # what a cost model predicts
@@ -81,3 +82,8 @@ class CostModel(ABC):
         with torch.no_grad():
             out = self.expected(ArchDistribution.one_hot(self.space, arch))
         return {k: float(v) for k, v in out.items()}
+
+
+def meets(cost_model: CostModel, constraints: tuple[Constraint, ...], arch: Architecture) -> bool:
+    costs = cost_model.predict(arch)
+    return all(c.satisfied(costs[c.metric]) for c in constraints)

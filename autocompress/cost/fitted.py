@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from autocompress.arch import Architecture, SearchSpace
-from autocompress.config import Hardware, Workload
+from autocompress.arch.space import Architecture, SearchSpace
+from autocompress.config.schema import Hardware, Workload
 from autocompress.cost.analytic import AnalyticCostModel
 from autocompress.cost.base import ArchDistribution, CostModel
 from autocompress.errors import ConfigError

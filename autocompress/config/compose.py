@@ -7,10 +7,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from autocompress.config import RunSpec, Workload, build, run_spec_from_dict
+from autocompress.config.schema import RunSpec, Workload, build, run_spec_from_dict
 from autocompress.errors import ConfigError
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def plain(cfg: DictConfig) -> dict[str, Any]:

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from autocompress.config import ModelSpec
+from autocompress.config.schema import ModelSpec
 from autocompress.errors import ConfigError
-from autocompress.models import load_base_model
+from autocompress.model.base import load_base_model
 
 BASE = "base"  # the name that means "the configured base model" on command lines
 

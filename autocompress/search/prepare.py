@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,17 +9,18 @@ from typing import Any
 
 import torch
 
-from autocompress.arch import Architecture, SearchSpace
-from autocompress.baselines import best_homogeneous, homogeneous_full_kv
-from autocompress.config import Constraint, RunSpec, Scenario
+from autocompress.arch.importance import importance as block_importance
+from autocompress.arch.importance import rank_units, teacher_hidden
+from autocompress.arch.masking import MaskedModel
+from autocompress.arch.space import Architecture, SearchSpace
+from autocompress.config.schema import Constraint, RunSpec, Scenario
 from autocompress.cost import CostModel, get_cost_model
-from autocompress.data import load_token_data
 from autocompress.errors import InfeasibleError
-from autocompress.importance import rank_units, teacher_hidden
-from autocompress.masking import MaskedModel
-from autocompress.minitron import importance as block_importance
-from autocompress.models import BaseModel, load_base_model
-from autocompress.search import SearchInputs, evaluate
+from autocompress.io import log
+from autocompress.model.base import BaseModel, load_base_model
+from autocompress.model.data import load_token_data
+from autocompress.search.differentiable import SearchInputs, evaluate
+from autocompress.search.rival import best_homogeneous, homogeneous_full_kv
 
 
 @dataclass
@@ -31,10 +31,6 @@ class Prepared:
     base_costs: dict[str, float]
     base_perplexity: float  # report-split perplexity of the unpruned model (the tokens trials report on)
     inputs: SearchInputs
-
-
-def log(msg: str) -> None:
-    print(f"[autocompress] {msg}", file=sys.stderr, flush=True)
 
 
 def resolve_constraints(scenario: Scenario, space: SearchSpace, cost_model: CostModel) -> tuple[tuple[Constraint, ...], dict[str, float]]:

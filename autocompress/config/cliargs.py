@@ -74,7 +74,7 @@ class Command:
 def parse(argv: list[str], group: str, spec: type, options: tuple[str, ...] = ()) -> Command:
     """Split `argv`: `key=value` for a field of `spec` becomes `group.key=value`, `options` stay with the command,
     anything else (`model=tiny_llama`, `data.seq_len=64`, `model.path=DIR`) is a Hydra override of conf/config.yaml."""
-    from autocompress.compose import compose_dict
+    from autocompress.config.compose import compose_dict
 
     fields = {f.name for f in dataclasses.fields(spec)}
     positional, own, overrides = [], {}, []

@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from autocompress.errors import ConfigError
 
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"  # <repo>/../shared/data
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data"  # <repo>/../shared/data
 DEFAULT_CORPUS = "corpora/tinyshakespeare.txt"  # the perplexity corpus, relative to the data folder
 
 

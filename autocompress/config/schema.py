@@ -106,7 +106,7 @@ class Workload:
 
     def __post_init__(self) -> None:
         if self.dtype == "auto":
-            from autocompress.cpuinfo import auto_dtype
+            from autocompress.config.cpuinfo import auto_dtype
 
             object.__setattr__(self, "dtype", auto_dtype())
         for key in ("prompt_len", "output_len", "concurrency", "context_len"):
@@ -242,7 +242,7 @@ class SpaceSpec:
 
 @dataclass(frozen=True)
 class DataSpec:
-    """Calibration text, split by document into calibration / selection / report windows (see autocompress.data)."""
+    """Calibration text, split by document into calibration / selection / report windows (see autocompress.model.data)."""
 
     source: Literal["stdlib", "text", "jsonl", "hf"] = "stdlib"
     path: str | None = None  # text: file or folder; jsonl: file or folder of *.jsonl; hf: dataset name or local path
@@ -500,7 +500,7 @@ def on_this_cpu(hw: Hardware, dtype: str) -> Hardware:
     """A CPU hardware config made this CPU's: its identity, and its measured peaks where `measure_peaks` asks."""
     if hw.engine != "vllm-cpu":
         return hw
-    from autocompress.cpuinfo import key, peaks
+    from autocompress.config.cpuinfo import key, peaks
 
     if not hw.measure_peaks:
         return dataclasses.replace(hw, cpu=key())

@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from autocompress.arch import Architecture, SearchSpace
-from autocompress.config import Constraint, LagrangianSettings, SearchSpec
+from autocompress.arch.masking import MaskedModel, Ranking
+from autocompress.arch.space import Architecture, SearchSpace
+from autocompress.config.schema import Constraint, LagrangianSettings, SearchSpec
 from autocompress.cost import ArchDistribution, CostModel
-from autocompress.masking import MaskedModel, Ranking
 
 
 @dataclass

@@ -21,10 +21,10 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from autocompress.arch import Architecture
-from autocompress.config import Constraint
-from autocompress.pareto import COST_DIRECTIONS, pareto_mask
-from autocompress.results import Run, layers
+from autocompress.arch.space import Architecture
+from autocompress.config.schema import Constraint
+from autocompress.results.pareto import COST_DIRECTIONS, pareto_mask
+from autocompress.results.store import Run, layers
 
 COST_LABELS: dict[str, str] = {
     "ttft_ms": "TTFT (ms)",

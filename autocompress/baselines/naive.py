@@ -12,16 +12,11 @@ Naive ones, kept for profiling designs: uniform-fraction shrinks and random feas
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 
-from autocompress.arch import Architecture, Block, SearchSpace
-from autocompress.config import Constraint
+from autocompress.arch.space import Architecture, Block, SearchSpace
+from autocompress.config.schema import Constraint
 from autocompress.cost import CostModel
-
-
-def meets(cost_model: CostModel, constraints: tuple[Constraint, ...], arch: Architecture) -> bool:
-    costs = cost_model.predict(arch)
-    return all(c.satisfied(costs[c.metric]) for c in constraints)
+from autocompress.cost.base import meets
 
 
 def _largest_at_most(options: tuple[int, ...], value: float, floor: int) -> int:
@@ -85,31 +80,6 @@ def random_feasible(
                 break
         else:
             return space.architecture(h, att, ffn)
-
-
-def homogeneous_full_kv(
-    space: SearchSpace, drop_order: list[int], cost_model: CostModel, constraints: tuple[Constraint, ...]
-) -> list[Architecture]:
-    """Per FFN width of the space, the architecture with base hidden size and heads, that width in every kept layer,
-    and the fewest blocks of `drop_order` (least important first) dropped that meets `constraints`; widest first."""
-    base = space.base
-    out = []
-    for ffn in sorted((f for f in space.ffn if f > 0), reverse=True):
-        for n_drop in range(len(drop_order) + 1):
-            arch = space.homogeneous(base.hidden_size, base.blocks[0].kv_heads, ffn, set(drop_order[:n_drop]))
-            if space.allows(arch) and meets(cost_model, constraints, arch):
-                out.append(arch)
-                break
-    return out
-
-
-def best_homogeneous(archs: list[Architecture], kl: Callable[[Architecture], float]) -> tuple[Architecture, float] | None:
-    """The architecture of `archs` (e.g. `homogeneous_full_kv`'s) with the lowest `kl`, and that KL; None if there is none."""
-    scored = [(kl(a), i) for i, a in enumerate(archs)]
-    if not scored:
-        return None
-    value, i = min(scored)
-    return archs[i], value
 
 
 def greedy_removal(

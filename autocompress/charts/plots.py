@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from autocompress.figures import COST_LABELS, ArchitectureInfo, ParetoInfo, cost_name, cost_unit, fmt_number, quality_label
+from autocompress.charts.figures import COST_LABELS, ArchitectureInfo, ParetoInfo, cost_name, cost_unit, fmt_number, quality_label
 
 NOOP_COLOR = "#d0d0d0"
 COLORS = {"infeasible": "#9e9e9e", "feasible": "#4c72b0", "front": "#c44e52", "measured": "#2a9d3f", "base": "black", "baseline": "#8c4fb0"}

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from autocompress.arch import Architecture, SearchSpace
+from autocompress.arch.space import Architecture, SearchSpace
 
 
 @dataclass

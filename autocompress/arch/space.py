@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from autocompress.config import SpaceSpec
+from autocompress.config.schema import SpaceSpec
 from autocompress.errors import ConfigError
 
 

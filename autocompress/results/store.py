@@ -6,7 +6,6 @@ Files are written to a temporary name and renamed, so a reader never sees half a
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,10 +13,10 @@ from typing import Any
 
 import pandas as pd
 
-from autocompress.arch import Architecture
-from autocompress.config import Constraint, RunSpec
+from autocompress.arch.space import Architecture
+from autocompress.config.schema import Constraint, RunSpec
 from autocompress.cost import COST_KEYS
-from autocompress.errors import AutoCompressError, ConfigError
+from autocompress.errors import AutoCompressError
 
 # column -> (dtype, meaning); the README documents the same schema
 TRIAL_SCHEMA: dict[str, tuple[str, str]] = {
@@ -101,45 +100,6 @@ def trials_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
         else:
             df[col] = df[col].astype(dtype)
     return df
-
-
-def check_writable(out: Path, key: str) -> None:
-    """ConfigError (naming `key`) unless folder `out` exists as a folder or can be created and written, checked before any work.
-
-    Creates nothing: the nearest existing ancestor must be a writable folder (a probe file is made and removed there).
-    """
-    import tempfile
-
-    out = Path(out).expanduser().absolute()
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{key}={out} is a file; give a folder")
-    anchor = next(p for p in (out, *out.parents) if p.exists())
-    if not anchor.is_dir():
-        raise ConfigError(f"{key}={out}: {anchor} is a file, not a folder; choose another {key}")
-    try:
-        with tempfile.TemporaryFile(dir=anchor):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"{key}={out}: {anchor} cannot be written ({exc.strerror or exc}); choose a folder you can write") from exc
-
-
-def write_parquet(df: pd.DataFrame, path: Path) -> Path:
-    """Write `df` to `path` atomically (temp file in the same folder, then rename)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-    return path
-
-
-def write_text(text: str, path: Path) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
-
-
-def write_json(data: Mapping[str, Any], path: Path) -> Path:
-    return write_text(json.dumps(data, indent=2, default=str) + "\n", path)
 
 
 def load(run_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -257,7 +217,7 @@ def load_pareto(run_dir: str | Path) -> pd.DataFrame:
 
 def load_run(run_dir: str | Path) -> Run:
     """Everything a finished run folder holds, checked: RunFolderError if it is not a finished run."""
-    from autocompress.compose import run_spec_of  # hydra/omegaconf only when a run is read
+    from autocompress.config.compose import run_spec_of  # hydra/omegaconf only when a run is read
 
     run = Path(run_dir).resolve()
     meta = load_metadata(run)

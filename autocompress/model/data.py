@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from autocompress.config import DataSpec
+from autocompress.config.schema import DataSpec
 from autocompress.errors import ConfigError
 
 SPLITS: tuple[str, ...] = ("calib", "select", "report")

@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from autocompress.arch import Architecture
-from autocompress.config import Hardware, Workload
+from autocompress.arch.space import Architecture
+from autocompress.config.schema import Hardware, Workload
 from autocompress.errors import ConfigError
 
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -220,8 +220,8 @@ def measure_in_process(
     """Start one engine for `arch_json` and measure every workload; one row per workload."""
     from transformers import LlamaConfig
 
-    from autocompress.cpuinfo import key as cpu_key
-    from autocompress.decilm import write_checkpoint
+    from autocompress.checkpoints.decilm import write_checkpoint
+    from autocompress.config.cpuinfo import key as cpu_key
 
     arch = Architecture.from_json(arch_json)
     tmp = Path(tempfile.mkdtemp(prefix="autocompress-engine-"))

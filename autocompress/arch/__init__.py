@@ -1,0 +1,1 @@
+"""Architectures and the search space, masks on the unmodified model, activation importance."""

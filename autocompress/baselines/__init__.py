@@ -1,0 +1,1 @@
+"""What the search must beat: naive rules and NVIDIA's Minitron."""

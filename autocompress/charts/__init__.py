@@ -1,0 +1,1 @@
+"""Figures and plots of a run's results."""

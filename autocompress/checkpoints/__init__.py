@@ -1,0 +1,1 @@
+"""Checkpoint formats the export writes (DeciLM / Nemotron-NAS files)."""

@@ -1,0 +1,159 @@
+"""The model card (README.md) of an exported checkpoint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autocompress.arch.space import Architecture
+from autocompress.checkpoints.decilm import vllm_limitation
+from autocompress.checkpoints.verification import Verification
+from autocompress.config.schema import RunSpec
+
+# --------------------------------------------------------------------------- model card
+
+
+@dataclass(frozen=True)
+class Exported:
+    """An exported checkpoint and what its model card reports."""
+
+    out: Path
+    fmt: str  # "llama" | "decilm"
+    arch: Architecture
+    base: Architecture
+    row: dict[str, Any]  # the trial's results row
+    meta: dict[str, Any]  # the run's metadata.json
+    spec: RunSpec
+    run_dir: Path
+    tokenizer_saved: bool
+    check: Verification | None
+
+    @property
+    def vllm_limitation(self) -> str | None:
+        return vllm_limitation(self.arch) if self.fmt == "decilm" else None
+
+
+def _num(v: Any, missing: str = "-") -> str:
+    """A cost or quality number; `missing` for None, NaN or pd.NA."""
+    import pandas as pd
+
+    return missing if v is None or pd.isna(v) else f"{float(v):.4g}"
+
+
+def _header(e: Exported) -> list[str]:
+    s = e.spec.scenario
+    hw, wl = s.hardware, s.workload
+    return [
+        "---",
+        "library_name: transformers",
+        f"tags: [autocompress, pruned, {'nemotron-nas' if e.fmt == 'decilm' else 'llama'}]",
+        "---",
+        "",
+        f"# {e.spec.model.name}, pruned by AutoCompress for `{s.name}`",
+        "",
+        f"Scenario `{s.name}`" + (f" ({s.description.rstrip('.')})" if s.description else "") + f": hardware `{hw.name}` "
+        f"({hw.description or 'no description'}, engine {hw.engine}); workload `{wl.name}`: {wl.prompt_len}-token prompts, "
+        f"{wl.output_len} output tokens, {wl.concurrency} concurrent, {wl.dtype}. Weights are the base model's, sliced in "
+        "the search's importance order (KV heads mean-pooled within groups); no retraining after pruning.",
+    ]
+
+
+def _architecture(e: Exported) -> list[str]:
+    a, n = e.arch, e.arch.num_layers
+    fmt = "DeciLM / nemotron-nas (`DeciLMForCausalLM`, code in this folder)" if e.fmt == "decilm" else "plain Llama (`LlamaForCausalLM`)"
+    kept = f"attention kept in {sum(b.kv_heads > 0 for b in a.blocks)}/{n} layers, FFN in {sum(b.ffn > 0 for b in a.blocks)}/{n}"
+    return [
+        "## Architecture",
+        "",
+        f"- format: {fmt}",
+        f"- parameters: {a.num_params():,} (base model {e.base.num_params():,}, {100 * a.num_params() / e.base.num_params():.1f}%)",
+        f"- hidden size {a.hidden_size} (base {e.base.hidden_size}); {a.num_attention_heads} query heads of {a.head_dim}; {kept}",
+        "",
+        "| layer | KV heads | FFN |",
+        "|---|---|---|",
+        *(f"| {i} | {b.kv_heads or 'no-op'} | {b.ffn or 'no-op'} |" for i, b in enumerate(a.blocks)),
+    ]
+
+
+def _costs(e: Exported) -> list[str]:
+    lines = [
+        f"## Constraints and costs (cost model `{e.row.get('cost_model', '?')}`)",
+        "",
+        "| metric | constraint | predicted | base model (predicted) | measured |",
+        "|---|---|---|---|---|",
+    ]
+    bounds, base_costs = e.meta.get("constraints", {}), e.meta.get("base_costs", {})
+    for metric in ("ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gib"):
+        bound = bounds.get(metric)
+        limit = f"{'<=' if bound['sense'] == 'max' else '>='} {bound['value']:.4g}" if bound else "-"
+        measured = _num(e.row.get(f"measured_{metric}"), "not measured")
+        lines.append(f"| {metric} | {limit} | {_num(e.row.get(metric))} | {_num(base_costs.get(metric))} | {measured} |")
+    feasible = "yes" if e.row.get("feasible") else "NO (exported with force=true)"
+    kl, ppl = _num(e.row.get("kl")), _num(e.row.get("perplexity"))
+    return [
+        *lines,
+        "",
+        f"Meets every constraint under that cost model: {feasible}.",
+        "",
+        "## Quality (the report split of the run's text, before any retraining)",
+        "",
+        f"KL(base || pruned) = {kl} nats/token; perplexity = {ppl} (base model {_num(e.meta.get('base_perplexity'), 'not recorded')}).",
+    ]
+
+
+def _verification(e: Exported) -> list[str]:
+    v = e.check
+    if v is None:
+        return ["## Verification", "", "Not verified (exported with verify=false)."]
+    lines = [
+        "## Verification",
+        "",
+        f"- transformers, fp32: max |logit difference| from the masked model the search evaluated = {v.max_abs_logit_diff:.3g} over "
+        f"{v.sequences} held-out sequences x {v.tokens} tokens; greedy generations ({v.prompts} prompts x {v.new_tokens} tokens) "
+        + ("match." if v.greedy_match else "DIFFER (near-tie logits)."),
+    ]
+    if v.vllm_greedy_match is not None:
+        lines.append(
+            f"- vLLM ({v.vllm_note}): greedy tokens {'equal' if v.vllm_greedy_match else 'DIFFER from'} transformers' on the same prompts."
+        )
+    elif v.vllm_note:
+        lines.append(f"- vLLM: {v.vllm_note}.")
+    return lines
+
+
+def _provenance(e: Exported) -> list[str]:
+    row = e.row
+    settings = ", ".join(
+        f"{k}={row[k]}" for k in ("lambda_init", "dual_lr", "margin", "quadratic", "tau_start", "tau_end", "lr", "seed") if k in row
+    )
+    remote = ", trust_remote_code=True" if e.fmt == "decilm" else ""
+    serve = f"vllm serve {e.out}" + (" --trust-remote-code" if remote else "")
+    return [
+        "## How it was made",
+        "",
+        f"- AutoCompress {e.meta.get('autocompress_version', '?')} (git {e.meta.get('git_sha') or '?'}); sweep run `{e.run_dir}`, "
+        f"trial `{row['trial_id']}` (status {row['status']}); base model `{e.spec.model.path or e.spec.model.name}`",
+        f"- Lagrangian settings: {settings}; repair steps {row.get('repair_steps', '-')}; search {_num(row.get('wall_s'))} s",
+        f"- `python -m autocompress.export {e.run_dir / 'trials.parquet'} trial={row['trial_id']} out={e.out}`",
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM",
+        f'model = AutoModelForCausalLM.from_pretrained("{e.out}"{remote})',
+        "```",
+        "",
+        f"`{serve}`" + (f" (not with vLLM 0.32: {e.vllm_limitation})" if e.vllm_limitation else ""),
+        *(
+            []
+            if e.tokenizer_saved
+            else ["", "No tokenizer files: the base model uses the tiny test models' byte tokenizer (id = UTF-8 byte)."]
+        ),
+    ]
+
+
+def model_card(e: Exported) -> str:
+    """README.md of the checkpoint: scenario, architecture, constraints and costs, quality, verification, provenance."""
+    sections = [_header(e), _architecture(e), _costs(e), _verification(e), _provenance(e)]
+    return "\n\n".join("\n".join(lines) for lines in sections) + "\n"

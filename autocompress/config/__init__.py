@@ -1,0 +1,1 @@
+"""Configuration: the typed schema, Hydra composition, command-line parsing, this machine's CPU."""

@@ -1,0 +1,99 @@
+"""Writing outputs so that nothing is half-written: atomic text / JSON / Parquet files, staged output folders, the log line."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autocompress.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def log(msg: str) -> None:
+    print(f"[autocompress] {msg}", file=sys.stderr, flush=True)
+
+
+def check_writable(out: Path, key: str) -> None:
+    """ConfigError (naming `key`) unless folder `out` exists as a folder or can be created and written, checked before any work.
+
+    Creates nothing: the nearest existing ancestor must be a writable folder (a probe file is made and removed there).
+    """
+    import tempfile
+
+    out = Path(out).expanduser().absolute()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{key}={out} is a file; give a folder")
+    anchor = next(p for p in (out, *out.parents) if p.exists())
+    if not anchor.is_dir():
+        raise ConfigError(f"{key}={out}: {anchor} is a file, not a folder; choose another {key}")
+    try:
+        with tempfile.TemporaryFile(dir=anchor):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{key}={out}: {anchor} cannot be written ({exc.strerror or exc}); choose a folder you can write") from exc
+
+
+def write_parquet(df: pd.DataFrame, path: Path) -> Path:
+    """Write `df` to `path` atomically (temp file in the same folder, then rename)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+    return path
+
+
+def write_text(text: str, path: Path) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def write_json(data: Mapping[str, Any], path: Path) -> Path:
+    return write_text(json.dumps(data, indent=2, default=str) + "\n", path)
+
+
+def check_output(out: Path, overwrite: bool) -> None:
+    """Refuse an unwritable `out`, an existing one unless `overwrite`, and even then anything but an earlier export or an empty folder."""
+
+    if not out.exists():
+        check_writable(out, "out")
+        return
+    if not overwrite:
+        raise ConfigError(f"{out} already exists; choose a new out=DIR or add overwrite=true")
+    if not out.is_dir() or not ((out / "config.json").exists() or not any(out.iterdir())):
+        raise ConfigError(
+            f"{out} is not an exported checkpoint (no config.json); overwrite=true replaces only those: choose another out=DIR"
+        )
+    check_writable(out.parent, "out")  # the new checkpoint is staged beside it, then renamed
+
+
+@contextmanager
+def staged(out: Path, overwrite: bool) -> Iterator[Path]:
+    """A temporary folder beside `out` that becomes `out` only if the block succeeds (nothing half-written)."""
+    check_output(out, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp, old = (out.with_name(f".{out.name}.{tag}{os.getpid()}") for tag in ("tmp", "old"))
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        yield tmp
+        if out.exists():
+            os.replace(out, old)
+        os.replace(tmp, out)
+    except BaseException:
+        if old.exists() and not out.exists():
+            os.replace(old, out)  # put the previous output back
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.is_dir():
+            shutil.rmtree(old)
+        elif old.exists():
+            old.unlink()

@@ -1,0 +1,1 @@
+"""The base model, calibration text and loading checkpoints."""

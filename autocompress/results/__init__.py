@@ -1,0 +1,1 @@
+"""The run folder's tables and their schema, Pareto fronts."""

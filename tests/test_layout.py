@@ -1,0 +1,67 @@
+"""The package reads as its data flow: stages import only earlier stages, commands import no other command."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "autocompress"
+# The stage packages in the order data flows through them (errors.py and io.py below all of them). checkpoints/ comes
+# before cost/: measuring an architecture in the serving engine means writing it as a checkpoint first.
+STAGES = ["errors", "io", "config", "model", "arch", "checkpoints", "cost", "search", "results", "quality", "baselines", "charts"]
+COMMANDS = {"sweep", "profile", "verify", "export", "distill", "evaluate", "compare", "report"}
+# Known debt, to shrink to nothing (issue 12): commands that still reach into another command for library code.
+COMMAND_IMPORTS = {
+    ("compare", "sweep"),
+    ("compare", "distill"),
+    ("compare", "evaluate"),
+    ("compare", "export"),
+    ("verify", "profile"),
+}
+STAGE_IMPORTS: set[tuple[str, str]] = set()  # none left
+
+
+def unit(module: str) -> str | None:
+    """The stage or command an `autocompress.<...>` module belongs to (None: the package root)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "autocompress" else None
+
+
+def imports(path: Path) -> set[str]:
+    """Every autocompress module `path` imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {f"{node.module}.{a.name}" if node.module == "autocompress" else node.module for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return {m for m in found if m.startswith("autocompress.")}
+
+
+def edges() -> set[tuple[str, str]]:
+    out = set()
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG).with_suffix("")
+        me = rel.parts[0]
+        for target in imports(path):
+            other = unit(target)
+            if other is not None and other != me and other != "__version__":
+                out.add((me, other))
+    return out
+
+
+def test_every_module_is_a_command_or_in_a_stage() -> None:
+    top = {p.stem for p in PKG.glob("*.py")} | {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert top - {"__init__"} == COMMANDS | set(STAGES), "a new top-level module: make it a command or put it in a stage package"
+
+
+def test_stages_import_only_earlier_stages() -> None:
+    late = {(a, b) for a, b in edges() if a in STAGES and (b in COMMANDS or STAGES.index(b) > STAGES.index(a))}
+    assert late <= STAGE_IMPORTS, f"a stage imports a later stage or a command: {sorted(late - STAGE_IMPORTS)}"
+    assert not STAGE_IMPORTS - late, f"fixed, drop from STAGE_IMPORTS: {sorted(STAGE_IMPORTS - late)}"
+
+
+def test_commands_import_no_other_command() -> None:
+    between = {(a, b) for a, b in edges() if a in COMMANDS and b in COMMANDS}
+    assert between <= COMMAND_IMPORTS, f"a command imports another command: {sorted(between - COMMAND_IMPORTS)}"
+    assert not COMMAND_IMPORTS - between, f"fixed, drop from COMMAND_IMPORTS: {sorted(COMMAND_IMPORTS - between)}"
