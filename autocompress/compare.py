@@ -24,126 +24,23 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import hydra
-import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from autocompress.baselines.minitron import MinitronSpec
+from autocompress.baselines.comparison import MEASURED, CompareJob, Model, job_from_dict, markdown, model_row, paired_bootstrap
 from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
-from autocompress.config.schema import Constraint, RunSpec, build, run_spec_from_dict
-from autocompress.distill import DistillSpec
+from autocompress.config.schema import Constraint, RunSpec
 from autocompress.errors import AutoCompressError, ConfigError
-from autocompress.evaluate import EvalResult, EvalSpec
 from autocompress.io import check_writable, log, write_json, write_parquet, write_text
-from autocompress.quality.tasks import TASKS, evaluation_paths
+from autocompress.quality.tasks import evaluation_paths
 from autocompress.results.store import load_run
-
-COSTS = ("ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gib")
-MEASURED = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "throughput_tok_s": "throughput_tok_s", "memory_gib": "peak_gib"}
-
-
-@dataclass(frozen=True)
-class CompareSpec:
-    """What to compare and where (conf/compare/default.yaml)."""
-
-    run: str | None = None  # a finished sweep run folder; None = run the sweep first
-    trial: str | None = None  # the AutoCompress trial; None = the best feasible by selection-split KL
-    out: str | None = None  # None = <run>/compare
-    measure: str = "auto"  # measured costs: auto (when this machine is the scenario's hardware) | always | never
-    bootstrap: int = 2000  # paired bootstrap resamples of the benchmark items (and seeds)
-    seed: int = 0
-    seeds: tuple[int, ...] = (0, 1)  # distillation seeds per model: the interval covers seed variation
-    minitron: MinitronSpec = field(default_factory=MinitronSpec)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ConfigError(f"compare.seeds must be a non-empty list of distinct seeds, got {list(self.seeds)!r}")
-        if self.measure not in ("auto", "always", "never"):
-            raise ConfigError(f"compare.measure={self.measure!r} is unknown; use auto, always or never")
-        if self.bootstrap < 100:
-            raise ConfigError(f"compare.bootstrap must be >= 100, got {self.bootstrap!r}")
-
-
-@dataclass(frozen=True)
-class CompareJob:
-    spec: RunSpec
-    compare: CompareSpec
-    distill: DistillSpec
-    evaluate: EvalSpec
-
-
-def job_from_dict(cfg: dict[str, Any]) -> CompareJob:
-    return CompareJob(
-        spec=run_spec_from_dict(cfg),
-        compare=build(CompareSpec, cfg.get("compare") or {}, "compare"),
-        distill=build(DistillSpec, cfg.get("distill") or {}, "distill"),
-        evaluate=build(EvalSpec, cfg.get("evaluate") or {}, "evaluate"),
-    )
-
-
-# --------------------------------------------------------------------------- statistics
-
-
-def _correct(runs: list[pd.DataFrame], task: str, index: pd.Index) -> np.ndarray:
-    """[seeds, items] headline correctness of `task`'s items in `index` order, one row per seed's evaluation."""
-    return np.stack([r[r["task"] == task].set_index("index").loc[index, "correct"].to_numpy(dtype=float) for r in runs])
-
-
-def paired_bootstrap(
-    a: pd.DataFrame | list[pd.DataFrame], b: pd.DataFrame | list[pd.DataFrame], n: int = 2000, seed: int = 0
-) -> pd.DataFrame:
-    """Per benchmark and for the average over benchmarks: mean(a - b) of the headline metric (`correct`), in points.
-
-    `a` and `b` are items tables, or one per distillation seed. The point estimate averages over
-    seeds; the 95% percentile interval resamples the items within each benchmark (the same items
-    for a and b) and, per resample, each model's seeds with replacement (the same draw for every
-    benchmark) and averages over them as the point estimate does, so it covers seed variation as
-    well as item sampling.
-    """
-    runs_a, runs_b = (x if isinstance(x, list) else [x] for x in (a, b))
-    rng = np.random.default_rng(seed)
-    pick_a = rng.integers(0, len(runs_a), size=(n, len(runs_a)))  # [n, Sa]: the seeds of each resample, drawn with replacement
-    pick_b = rng.integers(0, len(runs_b), size=(n, len(runs_b)))  # [n, Sb]
-    rows, boots = [], []
-    for task in dict.fromkeys(runs_a[0]["task"]):
-        index = pd.Index(sorted(set.intersection(*(set(r.loc[r["task"] == task, "index"]) for r in [*runs_a, *runs_b]))))
-        if index.empty:
-            continue
-        ca, cb = _correct(runs_a, task, index) * 100, _correct(runs_b, task, index) * 100  # [Sa, m], [Sb, m]
-        items = rng.integers(0, len(index), size=(n, len(index)))  # [n, m]
-        boot = ca[pick_a[:, :, None], items[:, None, :]].mean(axis=(1, 2)) - cb[pick_b[:, :, None], items[:, None, :]].mean(axis=(1, 2))
-        boots.append(boot)
-        rows.append(
-            {
-                "task": task,
-                "diff": float(ca.mean() - cb.mean()),
-                "lo": float(np.percentile(boot, 2.5)),
-                "hi": float(np.percentile(boot, 97.5)),
-                "n": len(index),
-            }
-        )
-    if boots:
-        avg = np.mean(boots, axis=0)
-        point = float(np.mean([r["diff"] for r in rows]))
-        rows.append(
-            {
-                "task": "average",
-                "diff": point,
-                "lo": float(np.percentile(avg, 2.5)),
-                "hi": float(np.percentile(avg, 97.5)),
-                "n": sum(r["n"] for r in rows),
-            }
-        )
-    return pd.DataFrame(rows, columns=["task", "diff", "lo", "hi", "n"])
-
 
 # --------------------------------------------------------------------------- stages, reused when their key is unchanged
 
@@ -199,24 +96,6 @@ def _hash(data: Any) -> str:
 
 
 @dataclass
-class Model:
-    """One row of the comparison: an architecture and what each stage produced for it."""
-
-    name: str
-    arch: Any  # Architecture
-    costs: dict[str, float]
-    kl: float  # report-split KL before distillation
-    label: str = ""  # trial id / candidate
-    distill: list[dict[str, Any]] = field(default_factory=list)  # distill.json per seed
-    results: list[EvalResult] = field(default_factory=list)  # evaluation per seed (one for the unpruned model)
-    measured: dict[str, float] = field(default_factory=dict)
-
-    def score(self, task: str, metric: str | None = None) -> float:
-        """Mean over seeds."""
-        return float(np.mean([r.score(task, metric) for r in self.results]))
-
-
-@dataclass
 class Context:
     """What every stage shares: the run, its spec and trial, the base model, space, cost model, constraints, calibration tokens."""
 
@@ -234,7 +113,7 @@ class Context:
 def resolve_run(job: CompareJob, config_yaml: str, stages: dict[str, float | str]) -> Path:
     if job.compare.run:
         return Path(job.compare.run)
-    from autocompress.sweep import run_sweep
+    from autocompress.search.tune import run_sweep
 
     log("compare: running the sweep first (give compare.run=RUN_DIR to reuse a finished one)")
     start = time.time()
@@ -323,8 +202,8 @@ def build_context(job: CompareJob, run_dir: Path) -> Context:
 
 
 def evaluate_stage(job: CompareJob, ctx: Context, path: str | Path, out: Path) -> None:
-    from autocompress.evaluate import evaluate_model, write_result
     from autocompress.model.checkpoint import load_checkpoint
+    from autocompress.quality.evaluation import evaluate_model, write_result
 
     loaded = load_checkpoint(path, ctx.spec.model)
     write_result(evaluate_model(loaded.model, loaded.tokenizer, job.evaluate, name=str(out.parent.name)), out)
@@ -346,8 +225,8 @@ def measure_costs(job: CompareJob, ctx: Context, models: list[Model], out: Path,
 
 
 def _measure(ctx: Context, models: list[Model], path: Path) -> None:
+    from autocompress.cluster import init_ray
     from autocompress.cost.engine import engine_settings, measure_many, require_vllm
-    from autocompress.search.cluster import init_ray
 
     hw, wl = ctx.spec.scenario.hardware, ctx.spec.scenario.workload
     require_vllm(hw.engine)
@@ -373,7 +252,7 @@ def minitron_widening() -> str:
 def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Model]:
     """Both pruned checkpoints: the AutoCompress trial through the export, Minitron's pick through the same slicing."""
     from autocompress.arch.space import Architecture
-    from autocompress.export import ExportRequest, export
+    from autocompress.checkpoints.pipeline import ExportRequest, export
 
     row, run_dir, cost_model = ctx.row, ctx.run.path, ctx.cost_model
     request = ExportRequest(run_dir / "trials.parquet", out / "autocompress" / "pruned", trial=row["trial_id"], overwrite=True)
@@ -398,8 +277,8 @@ def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Mo
 
 def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stages, models: list[Model]) -> Model:
     """Distil and evaluate both models (same budget, same items); evaluate the unpruned model (cached across runs)."""
-    from autocompress.distill import distill
-    from autocompress.evaluate import read_result
+    from autocompress.quality.distillation import distill
+    from autocompress.quality.evaluation import read_result
 
     spec = ctx.spec
     dkey = {"distill": dataclasses.asdict(job.distill), "data": dataclasses.asdict(spec.data), "teacher": dataclasses.asdict(spec.model)}
@@ -441,73 +320,6 @@ def run_compare(job: CompareJob, config_yaml: str = "") -> Path:
     timings |= stages.seconds
     write_outputs(job, ctx, out, [base, *models], note, timings)
     return out
-
-
-# --------------------------------------------------------------------------- the table
-
-
-def model_row(m: Model, constraints: tuple[Constraint, ...]) -> dict[str, Any]:
-    row: dict[str, Any] = {"model": m.name, "label": m.label, "params": m.arch.num_params(), "heterogeneous": not m.arch.is_homogeneous()}
-    row |= {c: m.costs[c] for c in COSTS}
-    row |= {f"measured_{k}": v for k, v in m.measured.items()}
-    row["feasible"] = all(c.satisfied(m.costs[c.metric]) for c in constraints)
-    row["kl_pruned"] = m.kl
-    row["kl_distilled"] = float(np.mean([d["kl_after"] for d in m.distill])) if m.distill else (0.0 if m.name == "base" else float("nan"))
-    row["seeds"] = len(m.results)
-    first = m.results[0].scores
-    for task in first.loc[first["headline"], "task"]:
-        row[task] = 100 * m.score(task)
-    row["lambada_ppl"] = m.score("lambada_openai", "perplexity")
-    row["corpus_ppl"] = m.score("corpus", "perplexity")
-    return row
-
-
-def markdown(frame: pd.DataFrame, diff: pd.DataFrame, constraints: tuple[Constraint, ...], note: str, job: CompareJob) -> str:
-    bounds = "; ".join(c.describe() for c in constraints)
-    tasks = [t for t in TASKS if t in frame.columns]
-    cost_cols = [c for c in COSTS if any(k.metric == c for k in constraints)]
-    head = [
-        "model",
-        "params (M)",
-        *cost_cols,
-        *[f"measured {c}" for c in cost_cols if f"measured_{c}" in frame],
-        "feasible",
-        "KL pruned",
-        "KL distilled",
-        *tasks,
-        "average",
-        "LAMBADA ppl",
-        "corpus ppl",
-    ]
-    lines = [f"constraint: {bounds} (absolute, as the sweep resolved them); costs predicted by the same cost model; {note}", ""]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for _, r in frame.iterrows():
-        cells = [f"{r['model']}", f"{r['params'] / 1e6:.1f}", *[f"{r[c]:.4g}" for c in cost_cols]]
-        cells += [f"{r[f'measured_{c}']:.4g}" for c in cost_cols if f"measured_{c}" in frame]
-        cells += ["yes" if r["feasible"] else "NO", f"{r['kl_pruned']:.4f}", f"{r['kl_distilled']:.4f}"]
-        cells += [f"{r[t]:.2f}" for t in tasks] + [f"{r['average']:.2f}", f"{r['lambada_ppl']:.2f}", f"{r['corpus_ppl']:.2f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    cells = [
-        "AutoCompress - Minitron (95% CI)",
-        "",
-        *[""] * len(cost_cols),
-        *["" for c in cost_cols if f"measured_{c}" in frame],
-        "",
-        "",
-        "",
-    ]
-    by_task = diff.set_index("task")
-    cells += [f"{by_task.loc[t, 'diff']:+.2f} [{by_task.loc[t, 'lo']:+.2f}, {by_task.loc[t, 'hi']:+.2f}]" for t in [*tasks, "average"]]
-    lines.append("| " + " | ".join([*cells, "", ""]) + " |")
-    ev, d = job.evaluate, job.distill
-    lines += [
-        "",
-        f"Benchmarks: headline metric in points (acc_norm; acc for WinoGrande and LAMBADA), {ev.limit or 'all'} items per benchmark "
-        f"(seed {ev.seed}), means over distillation seeds {list(job.compare.seeds)}; paired bootstrap over items and seeds, "
-        f"{job.compare.bootstrap} resamples. Distillation per seed: {d.steps} steps x {d.batch_size} x {d.seq_len} tokens "
-        f"({d.steps * d.batch_size * d.seq_len:,} tokens) of calibration text, lr {d.lr:g}. KL pruned: report split, before distillation.",
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model], note: str, timings: dict[str, Any]) -> None:

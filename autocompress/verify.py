@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from autocompress.arch.space import Architecture
+from autocompress.cluster import init_ray
 from autocompress.config.compose import run_spec_of
 from autocompress.config.schema import Constraint, RunSpec
 from autocompress.cost.engine import engine_settings, measure_many, require_vllm
@@ -30,7 +31,6 @@ from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.io import log, write_parquet
 from autocompress.model.base import load_base_model
 from autocompress.results.store import read_table
-from autocompress.search.cluster import init_ray
 
 # predicted column -> measured field of the engine rows
 MEASURED = {
@@ -129,7 +129,7 @@ def estimate(path: Path) -> pd.DataFrame:
     """aiconfigurator's estimate of every architecture of a GPU run's pareto.parquet (plus the hardware file's per-step overheads)."""
     from autocompress.arch.space import SearchSpace
     from autocompress.cost.aic import Estimator
-    from autocompress.profile import wave_batch
+    from autocompress.cost.design import wave_batch
 
     path, run_dir, spec = _run_of(path)
     hw, wl = spec.scenario.hardware, spec.scenario.workload

@@ -19,9 +19,9 @@ import numpy as np
 from autocompress.arch.space import Architecture, SearchSpace
 from autocompress.config.compose import compose_spec, load_workload
 from autocompress.cost.analytic import AnalyticCostModel
+from autocompress.cost.design import load_measurements, measurements_path, to_measurements
 from autocompress.cost.fitted import FITTED, latest_record, load_record, validate
 from autocompress.model.base import load_base_model
-from autocompress.profile import load_measurements, measurements_path, to_measurements
 
 
 def main() -> None:

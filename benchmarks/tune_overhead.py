@@ -28,7 +28,7 @@ from autocompress.config.schema import RunSpec
 from autocompress.model.base import load_base_model
 from autocompress.search.differentiable import run_search
 from autocompress.search.prepare import prepare
-from autocompress.sweep import grid_points, load_definition, run_sweep, trial_row, trial_settings
+from autocompress.search.tune import grid_points, load_definition, run_sweep, trial_row, trial_settings
 
 TINY = [
     "+scenario=cpu_interactive",
@@ -71,7 +71,7 @@ def through_sweep(spec: RunSpec, warm: bool) -> tuple[float, float]:
     import pandas as pd
     import ray
 
-    from autocompress.search.cluster import init_ray
+    from autocompress.cluster import init_ray
 
     if warm:
         init_ray(None)

@@ -14,9 +14,10 @@ from autocompress.config.compose import load_workload
 from autocompress.config.schema import SpaceSpec
 from autocompress.cost import FittedCostModel, get_cost_model
 from autocompress.cost.aic import Estimator
+from autocompress.cost.design import design, estimate_design, fit_aiconfigurator
 from autocompress.cost.fitted import load_record
 from autocompress.errors import ConfigError
-from autocompress.profile import design, estimate_design, fit_aiconfigurator, profile_aiconfigurator
+from autocompress.profile import profile_aiconfigurator
 
 from .conftest import compose_spec
 from .test_arch import SMOLLM2
@@ -111,7 +112,7 @@ def gpu_run(folder: Path, scenario: str, constraints: dict[str, float]) -> Path:
     """A finished run folder of a GPU scenario with two SmolLM2 Pareto points (the base model and half of it)."""
     from omegaconf import OmegaConf
 
-    from autocompress.baselines.naive import uniform_shrink
+    from autocompress.arch.space import uniform_shrink
     from autocompress.config.compose import compose_dict
 
     folder.mkdir(parents=True)

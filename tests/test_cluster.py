@@ -25,8 +25,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from autocompress.config.build import run_spec_from_dict
 from autocompress.config.compose import compose_dict
-from autocompress.config.schema import run_spec_from_dict
 
 from .conftest import ROOT
 from .test_resume import TINY_RUN, kill_group, start_cli, wait_for

@@ -12,15 +12,17 @@ import pandas as pd
 import pytest
 import yaml
 
-from autocompress.compare import job_from_dict, paired_bootstrap, pick_trial, run_compare
-from autocompress.config.schema import LagrangianSettings, run_spec_from_dict
+from autocompress.baselines.comparison import job_from_dict, paired_bootstrap
+from autocompress.compare import pick_trial, run_compare
+from autocompress.config.build import run_spec_from_dict
+from autocompress.config.schema import LagrangianSettings
 from autocompress.errors import ConfigError
 from autocompress.io import write_json, write_parquet
 from autocompress.results.pareto import pareto_frame
 from autocompress.results.store import trials_frame
 from autocompress.search.differentiable import run_search
 from autocompress.search.prepare import prepare
-from autocompress.sweep import trial_row
+from autocompress.search.tune import trial_row
 
 from .conftest import SHARED_DATA, TINY_CPU, compose_dict
 
@@ -116,8 +118,8 @@ def fake_run(results: Path, overrides: list[str]) -> Path:
 def test_compare_runs_every_stage_and_reuses_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from autocompress import cluster as raycluster
     from autocompress.cost import engine
-    from autocompress.search import cluster as raycluster
 
     def fake_engine(archs: list[Any], *args: Any) -> Iterator[tuple[Any, list[dict[str, Any]]]]:
         for arch in archs:  # the engine is measured elsewhere (tests/test_profile.py); here only how its rows land

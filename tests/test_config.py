@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 from hydra.errors import MissingConfigException
 
-from autocompress.config.schema import Constraint, run_spec_from_dict
+from autocompress.config.build import run_spec_from_dict
+from autocompress.config.schema import Constraint
 from autocompress.errors import ConfigError
-from autocompress.sweep import grid_points, load_definition
+from autocompress.search.tune import grid_points, load_definition
 
 from .conftest import CONF, ROOT, TINY_CPU, compose_dict, compose_spec, run_cli
 

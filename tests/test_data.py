@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from autocompress.config.schema import DataSpec, build
+from autocompress.config.build import build
+from autocompress.config.schema import DataSpec
 from autocompress.errors import ConfigError
 from autocompress.model.base import ByteTokenizer
 from autocompress.model.data import SPLITS, load_token_data, split_documents, stdlib_documents

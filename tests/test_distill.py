@@ -14,9 +14,10 @@ from autocompress.arch.importance import rank_units
 from autocompress.arch.space import Architecture, Block
 from autocompress.checkpoints.slicing import write_weights
 from autocompress.config.schema import DataSpec
-from autocompress.distill import DistillSpec, check_not_evaluation_data, distill, kl_loss, lr_factor, main, work_dir
+from autocompress.distill import main
 from autocompress.errors import ConfigError
 from autocompress.model.base import ByteTokenizer
+from autocompress.quality.distillation import DistillSpec, check_not_evaluation_data, distill, kl_loss, lr_factor, work_dir
 from autocompress.quality.tasks import evaluation_paths
 
 DATA = DataSpec(seq_len=32, calib_sequences=4, report_sequences=4)

@@ -11,20 +11,12 @@ import pandas as pd
 import pytest
 import torch
 
-from autocompress.config.schema import build
+from autocompress.config.build import build
 from autocompress.errors import ConfigError
-from autocompress.evaluate import (
-    EvalSpec,
-    choice_metrics,
-    encode_item,
-    encode_pair,
-    evaluate_model,
-    loglikelihoods,
-    main,
-    score_task,
-    task_scores,
-)
+from autocompress.evaluate import main
 from autocompress.model.base import ByteTokenizer
+from autocompress.quality.evaluation import EvalSpec, choice_metrics, evaluate_model, score_task, task_scores
+from autocompress.quality.loglik import encode_item, encode_pair, loglikelihoods
 from autocompress.quality.tasks import TASKS, Item, hellaswag_preprocess, load_items, subset
 
 from .conftest import CONF, SHARED_DATA

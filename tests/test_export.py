@@ -11,11 +11,10 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from autocompress import export as export_mod
 from autocompress.arch.importance import rank_units
 from autocompress.arch.masking import MaskedModel, Ranking
 from autocompress.arch.space import Architecture, Block, SearchSpace
-from autocompress.checkpoints.decilm import parameter_shapes, vllm_limitation, write_checkpoint
+from autocompress.checkpoints import slicing, verification
 from autocompress.checkpoints.slicing import checkpoint_format, pruned_state_dict
 from autocompress.checkpoints.verification import vllm_greedy
 from autocompress.config.compose import CONF_DIR, run_spec_of
@@ -23,6 +22,7 @@ from autocompress.config.schema import ModelSpec, SpaceSpec
 from autocompress.errors import ConfigError
 from autocompress.export import main
 from autocompress.model.base import load_base_model, tiny_llama
+from autocompress.model.decilm import parameter_shapes, vllm_limitation, write_checkpoint
 from autocompress.results.store import architecture_columns, trials_frame
 from tests.conftest import TINY_CPU, run_cli
 
@@ -260,14 +260,15 @@ def test_cli_refuses_existing_output_unless_overwrite(run_dir: Path, tmp_path: P
 
 
 def test_failed_verification_writes_nothing(run_dir: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = export_mod.pruned_state_dict
+    real = slicing.pruned_state_dict
 
     def corrupted(*args: Any) -> dict[str, torch.Tensor]:
         state = real(*args)
         state["model.norm.weight"] = state["model.norm.weight"] * 2
         return state
 
-    monkeypatch.setattr(export_mod, "pruned_state_dict", corrupted)
+    monkeypatch.setattr(slicing, "pruned_state_dict", corrupted)  # a slicing bug: the float64 check re-slices alike
+    monkeypatch.setattr(verification, "pruned_state_dict", corrupted)
     assert main([str(run_dir), "trial=good", f"out={tmp_path / 'out'}"]) == 2
     assert "logits differ from the searched model's" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
@@ -279,12 +280,12 @@ def test_rounding_beyond_fp32_tolerance_is_settled_in_float64(
 ) -> None:
     """A deep, hard-pruned model can exceed the fp32 tolerance by rounding alone; float64 then decides."""
     seen: list[tuple[float, float]] = []
-    real = export_mod.float_64_difference
-    monkeypatch.setattr(export_mod, "LOGIT_ATOL", 0.0)  # every fp32 comparison fails: the float64 one must pass
-    monkeypatch.setattr(export_mod, "float_64_difference", lambda *a: seen.append(real(*a)) or seen[-1])
+    real = verification.float_64_difference
+    monkeypatch.setattr(verification, "LOGIT_ATOL", 0.0)  # every fp32 comparison fails: the float64 one must pass
+    monkeypatch.setattr(verification, "float_64_difference", lambda *a: seen.append(real(*a)) or seen[-1])
     assert main([str(run_dir), f"trial={trial}", f"out={tmp_path / 'out'}"]) == 0, capsys.readouterr().err
     ((diff, _scale),) = seen
-    assert diff <= export_mod.LOGIT_ATOL_FP64 and diff < 1e-9  # tiny models: float64 agrees closely
+    assert diff <= verification.LOGIT_ATOL_FP64 and diff < 1e-9  # tiny models: float64 agrees closely
 
 
 def test_three_kv_heads_merged_into_one_agree_in_float64(tokens: torch.Tensor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -303,12 +304,12 @@ def test_three_kv_heads_merged_into_one_agree_in_float64(tokens: torch.Tensor, t
     arch = hetero(space, 64, Block(1, 64), Block(1, 32), Block(3, 64))
     out = write_checkpoint(arch, tmp_path / "ck", model.config, pruned_state_dict(model, arch, ranking))
     exported = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32).eval()
-    diff, _ = export_mod.float_64_difference(exported, model, space, ranking, arch, tokens)
+    diff, _ = verification.float_64_difference(exported, model, space, ranking, arch, tokens)
     assert diff < 1e-9
     real = masking.kv_merge_matrix
     monkeypatch.setattr(masking, "kv_merge_matrix", lambda kv, k: real(kv, k).float().double())  # the old fp32 matrix
     exported = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32).eval()  # weights as on disk
-    rounded, _ = export_mod.float_64_difference(exported, model, space, ranking, arch, tokens)
+    rounded, _ = verification.float_64_difference(exported, model, space, ranking, arch, tokens)
     assert rounded > 100 * max(diff, 1e-15)
 
 
@@ -316,15 +317,15 @@ def test_weights_written_wrong_are_caught_after_the_fp32_check(
     run_dir: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The float64 check re-slices the weights; what is on disk must equal the slice, or the export fails."""
-    real = export_mod.write_checkpoint
+    real = slicing.write_checkpoint
 
     def off_by_a_little(arch: Architecture, out: Path, config: Any, state: dict[str, torch.Tensor]) -> Path:
         state = dict(state)
         state["model.layers.1.mlp.down_proj.weight"] = state["model.layers.1.mlp.down_proj.weight"] * (1 + 1e-3)
         return real(arch, out, config, state)
 
-    monkeypatch.setattr(export_mod, "LOGIT_ATOL", 0.0)
-    monkeypatch.setattr(export_mod, "write_checkpoint", off_by_a_little)
+    monkeypatch.setattr(verification, "LOGIT_ATOL", 0.0)
+    monkeypatch.setattr(slicing, "write_checkpoint", off_by_a_little)
     assert main([str(run_dir), "trial=good", f"out={tmp_path / 'out'}"]) == 2
     assert "model.layers.1.mlp.down_proj.weight differs from the pruned slice" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
@@ -369,7 +370,7 @@ def test_vllm_serves_exported_heterogeneous_checkpoint(tmp_path: Path) -> None:
     out = write_checkpoint(arch, tmp_path / "ck", model.config, pruned_state_dict(model, arch, ranking))
     exported = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32).eval()
     prompts = torch.randint(0, 256, (4, 8), generator=torch.Generator().manual_seed(3))
-    expected = export_mod.greedy(exported, prompts, 12)
+    expected = verification.greedy(exported, prompts, 12)
     assert len(set(expected.flatten().tolist())) > 8  # a meaningful comparison, not one repeated token
     assert torch.equal(expected, masked_forward(model, space, ranking, arch, prompts, new=12)[:, 8:])
     assert vllm_greedy(out, prompts.tolist(), 12) == expected.tolist()

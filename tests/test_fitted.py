@@ -13,9 +13,9 @@ from autocompress.config.compose import compose_spec
 from autocompress.config.cpuinfo import key as cpu_key
 from autocompress.config.schema import Hardware, SpaceSpec, Workload
 from autocompress.cost import AnalyticCostModel, FittedCostModel, get_cost_model
+from autocompress.cost.design import design
 from autocompress.cost.fitted import Measurement, fit_parameters, ranges, save_record, validate
 from autocompress.errors import ConfigError
-from autocompress.profile import design
 
 from .test_arch import SMOLLM2
 
@@ -125,7 +125,7 @@ def test_extrapolation_is_flagged(tmp_path: Path) -> None:
     nine_only = save_record(record(synthetic([largest, dataclasses.replace(space().smallest(), num_attention_heads=9)])), tmp_path / "b")
     assert get_cost_model(space(), scenario, tmp_path, str(nine_only)).extrapolates(dataclasses.replace(largest, num_attention_heads=6))
     # measured only with every block kept: a no-op block lies outside the design even at a parameter count inside it
-    from autocompress.baselines.naive import uniform_shrink
+    from autocompress.arch.space import uniform_shrink
 
     kept = save_record(record(synthetic([largest, uniform_shrink(space(), 0.35)])), tmp_path / "c")
     model = get_cost_model(space(), scenario, tmp_path, str(kept))

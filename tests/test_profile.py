@@ -11,9 +11,9 @@ import pytest
 
 from autocompress.arch.space import Architecture, Block, SearchSpace
 from autocompress.config.schema import Hardware, SpaceSpec, Workload
+from autocompress.cost.design import design
 from autocompress.cost.engine import engine_settings, measure
 from autocompress.cost.fitted import Measurement, _predict, fit_parameters, validate
-from autocompress.profile import design
 
 pytestmark = [
     pytest.mark.vllm,

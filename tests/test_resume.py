@@ -20,10 +20,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from autocompress.cluster import fetch_dir, mirror_files
 from autocompress.config.compose import compose_dict, compose_spec
 from autocompress.errors import ConfigError
-from autocompress.search.cluster import fetch_dir, mirror_files
-from autocompress.sweep import grid_points, resume_mode, settings_key, tune_space
+from autocompress.search.tune import grid_points, settings_key, tune_space
+from autocompress.sweep import resume_mode
 
 from .conftest import CONF, ROOT, TINY_CPU, run_cli
 
@@ -182,7 +183,7 @@ def test_sigterm_after_joining_ray_is_not_a_crash() -> None:
     code = "\n".join(
         [
             "import os, signal, time",
-            "from autocompress.search.cluster import init_ray",
+            "from autocompress.cluster import init_ray",
             "init_ray(None)",
             "os.kill(os.getpid(), signal.SIGTERM)",
             "time.sleep(30)",

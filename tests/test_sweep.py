@@ -86,8 +86,8 @@ def test_trial_fits_only_on_a_node_that_has_all_of_it(monkeypatch: pytest.Monkey
     """gpus_per_trial=1 on a cluster without GPUs is refused (it hung); a node with both CPUs and the GPU is enough."""
     import ray
 
+    from autocompress.cluster import check_trial_fits
     from autocompress.errors import ConfigError
-    from autocompress.search.cluster import check_trial_fits
 
     nodes = [{"Alive": True, "Resources": {"CPU": 16.0}}, {"Alive": True, "Resources": {"CPU": 2.0, "GPU": 1.0}}]
     monkeypatch.setattr(ray, "nodes", lambda: nodes)
@@ -133,8 +133,8 @@ def test_memory_per_trial_is_checked_against_the_nodes(monkeypatch: pytest.Monke
     """sweep.memory_per_trial_gib beyond every node's Ray memory is refused like CPUs and GPUs."""
     import ray
 
+    from autocompress.cluster import GIB, check_trial_fits
     from autocompress.errors import ConfigError
-    from autocompress.search.cluster import GIB, check_trial_fits
 
     nodes = [
         {"Alive": True, "Resources": {"CPU": 8.0, "memory": 6.0 * GIB}},
@@ -149,7 +149,7 @@ def test_memory_per_trial_is_checked_against_the_nodes(monkeypatch: pytest.Monke
 
 def test_pending_watch_warns_once_then_times_out(capsys: pytest.CaptureFixture[str]) -> None:
     """Pending trials with none running: one warning after pending_warn_s, timed out after pending_timeout_s; a running trial resets it."""
-    from autocompress.search.cluster import PendingWatch
+    from autocompress.cluster import PendingWatch
 
     now = [0.0]
     watch = PendingWatch(10, 30, "2 CPUs free for a trial", clock=lambda: now[0])
@@ -182,8 +182,8 @@ def test_a_trial_that_never_starts_ends_the_tune_run(tmp_path: Path, capsys: pyt
     import ray
     from ray import tune
 
-    from autocompress.search.cluster import PendingWatch
-    from autocompress.sweep import _stopper, _watcher
+    from autocompress.cluster import PendingWatch
+    from autocompress.search.tune import _stopper, _watcher
 
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:

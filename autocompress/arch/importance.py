@@ -19,6 +19,16 @@ from tqdm.auto import tqdm
 from autocompress.arch.masking import Ranking
 
 
+def run_hooked(model: Any, tokens: torch.Tensor, handles: list[Any], batch_size: int, desc: str, progress: bool) -> None:
+    """Run `model` over `tokens` [n, s] in batches so that the hooks behind `handles` collect; remove the hooks after."""
+    try:
+        for start in tqdm(range(0, len(tokens), batch_size), desc=desc, disable=not progress):
+            model.model(input_ids=tokens[start : start + batch_size], use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def sequence_l2_part(x: torch.Tensor) -> torch.Tensor:
     """[b, s, c] -> [c]: sum over sequences of (mean over tokens of |x|)^2; its square root is ModelOpt's L2 aggregate."""
     return x.float().abs().mean(dim=1).pow(2).sum(dim=0).double()
@@ -69,12 +79,7 @@ def rank_units(model: Any, tokens: torch.Tensor, batch_size: int = 4, progress: 
         handles.append(layer.post_attention_layernorm.register_forward_hook(on_norm))
         handles.append(layer.mlp.down_proj.register_forward_pre_hook(on_ffn(idx)))
         handles.append(layer.self_attn.o_proj.register_forward_pre_hook(on_o_proj(idx)))
-    try:
-        for start in tqdm(range(0, len(tokens), batch_size), desc="importance", disable=not progress):
-            model.model(input_ids=tokens[start : start + batch_size], use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
+    run_hooked(model, tokens, handles, batch_size, "importance", progress)
     return Ranking(
         hidden=torch.argsort(hidden, descending=True, stable=True),
         ffn=torch.argsort(ffn, dim=1, descending=True, stable=True),
@@ -185,11 +190,6 @@ def importance(model: Any, tokens: torch.Tensor, batch_size: int = 4, progress: 
         handles.append(layer.mlp.down_proj.register_forward_pre_hook(on_input(ffn_sq, idx)))
         handles.append(layer.self_attn.o_proj.register_forward_pre_hook(on_input(o_sq, idx)))
         handles.append(layer.register_forward_hook(on_block(idx), with_kwargs=True))
-    try:
-        for start in tqdm(range(0, len(tokens), batch_size), desc="minitron importance", disable=not progress):
-            model.model(input_ids=tokens[start : start + batch_size], use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
+    run_hooked(model, tokens, handles, batch_size, "minitron importance", progress)
     heads = head_order(o_sq, model.config.num_attention_heads, model.config.num_key_value_heads)
     return Importance(hidden=norm_sq.sqrt().sum(0), ffn=ffn_sq.sqrt(), blocks=blocks, heads=heads)

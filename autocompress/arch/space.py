@@ -244,3 +244,19 @@ def _grid(full: int, divisor: int, min_fraction: float, key: str) -> tuple[int, 
     if full not in values:
         values.append(full)
     return tuple(values)
+
+
+def _largest_at_most(options: tuple[int, ...], value: float, floor: int) -> int:
+    """Index of the largest option <= value, never below the first option >= floor."""
+    allowed = [i for i, o in enumerate(options) if o >= floor]
+    below = [i for i in allowed if options[i] <= value + 1e-9]
+    return max(below) if below else min(allowed)
+
+
+def uniform_shrink(space: SearchSpace, fraction: float) -> Architecture:
+    """Every width (hidden, KV heads, FFN) at the largest option not above `fraction` of the base; no layer dropped."""
+    base, n = space.base.blocks[0], space.num_layers
+    h = _largest_at_most(space.hidden, fraction * space.base.hidden_size, 1)
+    a = _largest_at_most(space.attention, fraction * base.kv_heads, 1)
+    i = _largest_at_most(space.ffn, fraction * base.ffn, 1)
+    return space.architecture(h, [a] * n, [i] * n)

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from autocompress.arch.space import Architecture
-from autocompress.checkpoints.decilm import vllm_limitation
 from autocompress.checkpoints.verification import Verification
 from autocompress.config.schema import RunSpec
+from autocompress.model.decilm import vllm_limitation
 
 # --------------------------------------------------------------------------- model card
 

@@ -15,8 +15,8 @@ import torch
 
 from autocompress.arch.masking import Ranking
 from autocompress.arch.space import Architecture
-from autocompress.checkpoints.decilm import write_checkpoint
 from autocompress.errors import ConfigError
+from autocompress.model.decilm import write_checkpoint
 
 
 def merge_heads(weight: torch.Tensor, base_kv: int, kept: int) -> torch.Tensor:

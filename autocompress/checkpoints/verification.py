@@ -13,9 +13,9 @@ import torch
 
 from autocompress.arch.masking import MaskedModel, Ranking
 from autocompress.arch.space import Architecture, SearchSpace
-from autocompress.checkpoints.decilm import vllm_limitation
 from autocompress.checkpoints.slicing import pruned_state_dict
 from autocompress.errors import AutoCompressError
+from autocompress.model.decilm import vllm_limitation
 
 LOGIT_ATOL = 1e-4  # fp32: exported vs masked logits (observed ~1e-6 on tiny models; up to ~1e-2 on SmolLM2 pruned hard)
 LOGIT_ATOL_FP64 = 1e-6  # float64, when fp32 rounding alone exceeds LOGIT_ATOL (observed < 1e-9: both sides compute in float64)

@@ -7,7 +7,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from autocompress.config.schema import RunSpec, Workload, build, run_spec_from_dict
+from autocompress.config.build import build, run_spec_from_dict
+from autocompress.config.schema import RunSpec, Workload
 from autocompress.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"

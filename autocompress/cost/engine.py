@@ -220,8 +220,8 @@ def measure_in_process(
     """Start one engine for `arch_json` and measure every workload; one row per workload."""
     from transformers import LlamaConfig
 
-    from autocompress.checkpoints.decilm import write_checkpoint
     from autocompress.config.cpuinfo import key as cpu_key
+    from autocompress.model.decilm import write_checkpoint
 
     arch = Architecture.from_json(arch_json)
     tmp = Path(tempfile.mkdtemp(prefix="autocompress-engine-"))

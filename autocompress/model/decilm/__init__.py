@@ -43,7 +43,7 @@ INHERITED = (
 
 def decilm_config(arch: Architecture, base_config: Any) -> Any:
     """The DeciLMConfig of `arch`, with the base model's activation, norm, RoPE and special tokens."""
-    from autocompress.checkpoints.decilm.configuration_decilm import DeciLMConfig
+    from autocompress.model.decilm.configuration_decilm import DeciLMConfig
 
     inherited = {key: getattr(base_config, key) for key in INHERITED if getattr(base_config, key, None) is not None}
     blocks = arch.block_configs()

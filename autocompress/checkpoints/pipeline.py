@@ -1,0 +1,145 @@
+"""Exporting a sweep's trial: pick it from the run's tables, slice the weights, verify, write the checkpoint and its card."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autocompress.arch.masking import Ranking
+from autocompress.arch.space import Architecture, SearchSpace
+from autocompress.checkpoints.card import Exported, model_card
+from autocompress.checkpoints.slicing import write_weights
+from autocompress.checkpoints.verification import verify_export, vllm_check
+from autocompress.config.compose import run_spec_of
+from autocompress.errors import ConfigError
+from autocompress.io import check_output, staged
+from autocompress.model.base import load_base_model
+from autocompress.model.data import load_token_data
+
+# --------------------------------------------------------------------------- picking a trial of a sweep run
+
+
+def results_file(path: Path) -> Path:
+    """The Parquet file to read: `path` itself, or a run folder's pareto.parquet."""
+    if path.is_dir():
+        path = path / "pareto.parquet"
+    if not path.is_file():
+        raise ConfigError(
+            f"results file {path} does not exist; give a sweep run's pareto.parquet or trials.parquet (results/<scenario>/<run_id>/)"
+        )
+    return path
+
+
+def select_trial(path: Path, trial: str | None, index: int | None, force: bool) -> dict[str, Any]:
+    """The row of `path` named by trial id or row index; refuses failed or infeasible trials unless `force`."""
+    import pandas as pd
+
+    from autocompress.results.store import read_table
+
+    df = read_table(path)
+    if trial is not None:
+        rows = df[df["trial_id"] == trial]
+        if rows.empty:
+            known = ", ".join(map(str, df["trial_id"].head(20)))
+            raise ConfigError(f"trial={trial} is not in {path}; its trials: {known or 'none'}")
+        row = rows.iloc[0].to_dict()
+    else:
+        assert index is not None
+        if not 0 <= index < len(df):
+            raise ConfigError(
+                f"index={index} is out of range: {path.name} has {len(df)} rows" + (f" (index=0..{len(df) - 1})" if len(df) else "")
+            )
+        row = df.iloc[index].to_dict()
+    name = row["trial_id"]
+    if row["status"] != "ok" and not force:
+        raise ConfigError(f"trial {name} failed ({row.get('error') or 'no message'}); export it anyway with force=true")
+    missed = [k.removeprefix("feasible_") for k, v in row.items() if k.startswith("feasible_") and not pd.isna(v) and not v]
+    if row["status"] == "ok" and not row["feasible"] and not force:
+        raise ConfigError(f"trial {name} is infeasible (misses {', '.join(missed) or 'a constraint'}); export it anyway with force=true")
+    if not isinstance(row.get("architecture"), str) or not row["architecture"]:
+        raise ConfigError(f"trial {name} has no architecture to export (status {row['status']}: {row.get('error') or ''})")
+    return _with_trials_columns(path, row)
+
+
+def _with_trials_columns(path: Path, row: dict[str, Any]) -> dict[str, Any]:
+    """`row` plus the columns only trials.parquet beside `path` has (e.g. costs `verify` measured)."""
+    from autocompress.results.store import read_table
+
+    trials = path.parent / "trials.parquet"
+    if path.name == trials.name or not trials.exists():
+        return row
+    df = read_table(trials)
+    match = df[df["trial_id"] == row["trial_id"]]
+    return {**match.iloc[0].to_dict(), **row} if not match.empty else row
+
+
+def load_ranking(run_dir: Path, base: Architecture) -> Ranking:
+    path = run_dir / "ranking.safetensors"
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist: this run was made before runs kept their importance ranking; run the sweep again")
+    ranking = Ranking.load(path)
+    if ranking.hidden.numel() != base.hidden_size or tuple(ranking.ffn.shape) != (base.num_layers, base.blocks[0].ffn):
+        raise ConfigError(f"{path} does not match the base model of {run_dir / 'config.yaml'}")
+    return ranking
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """What to export and where."""
+
+    results: Path
+    out: Path
+    trial: str | None = None
+    index: int | None = None
+    force: bool = False
+    overwrite: bool = False
+    verify: bool = True
+    vllm: bool = False
+
+
+def export(req: ExportRequest) -> Exported:
+    """Export the requested trial of a sweep run to `req.out` (verified unless asked not to)."""
+    path = results_file(req.results)
+    check_output(req.out, req.overwrite)
+    if req.out.resolve() in path.resolve().parents:
+        raise ConfigError(f"out={req.out} holds the results file {path}; choose an output folder outside the run")
+    row = select_trial(path, req.trial, req.index, req.force)
+    run_dir = path.parent
+    spec = run_spec_of(run_dir)
+    meta = json.loads((run_dir / "metadata.json").read_text()) if (run_dir / "metadata.json").exists() else {}
+    arch = Architecture.from_json(row["architecture"])
+    loaded = load_base_model(spec.model)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    base = Architecture.from_llama_config(model.config)
+    space = SearchSpace.from_base(base, spec.search.space)
+    space.indices(arch)  # ConfigError if the architecture is not one the search could pick
+    ranking = load_ranking(run_dir, base)
+    with staged(req.out, req.overwrite) as tmp:
+        fmt = write_weights(model, arch, ranking, tmp)
+        model.generation_config.save_pretrained(tmp)
+        if tokenizer_saved := hasattr(tokenizer, "save_pretrained"):
+            tokenizer.save_pretrained(tmp)
+        check = None
+        if req.verify:
+            ids = load_token_data(spec.data, tokenizer, splits=("report",)).report[:4]
+            check, prompts, got = verify_export(tmp, model, space, ranking, arch, ids)
+            check = vllm_check(tmp, arch, prompts, got, check) if req.vllm else check
+        exported = Exported(req.out, fmt, arch, base, row, meta, spec, run_dir, tokenizer_saved, check)
+        (tmp / "README.md").write_text(model_card(exported), encoding="utf-8")
+    return exported
+
+
+def summary(e: Exported) -> str:
+    lines = [f"exported trial {e.row['trial_id']} ({e.fmt}, {e.arch.num_params():,} parameters) -> {e.out}"]
+    if (v := e.check) is not None:
+        same = "match" if v.greedy_match else "DIFFER (near-tie logits)"
+        lines.append(f"verified: max |logit diff| from the searched (masked) model {v.max_abs_logit_diff:.3g}; greedy generations {same}")
+        if v.vllm_greedy_match is not None:
+            lines.append(f"vLLM: greedy tokens {'equal' if v.vllm_greedy_match else 'DIFFER from'} transformers'")
+        elif v.vllm_note:
+            lines.append(f"vLLM: {v.vllm_note}")
+    if e.vllm_limitation:
+        lines.append(f"warning: vLLM 0.32 cannot serve this checkpoint: {e.vllm_limitation}")
+    return "\n".join([*lines, f"model card: {e.out / 'README.md'}"])

@@ -1,0 +1,213 @@
+"""A sweep's run folder: its files, metadata, mirroring to remote storage, and which run a resume continues with which settings."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import socket
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from autocompress.cluster import (
+    fetch_dir,
+    is_uri,
+    mirror_files,
+    storage_join,
+)
+from autocompress.config.compose import plain
+from autocompress.config.schema import RunSpec
+from autocompress.errors import ConfigError
+from autocompress.io import write_json
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+OPTUNA_JOURNAL = "optuna.journal"
+RUN_FILES = ["config.yaml", "metadata.json", "ranking.safetensors", "trials.parquet", "pareto.parquet", OPTUNA_JOURNAL]
+# how a run executes, not what it computes: a resume may change these
+EXECUTION_KEYS = (
+    "ray_address",
+    "cpus_per_trial",
+    "gpus_per_trial",
+    "memory_per_trial_gib",
+    "pending_warn_s",
+    "pending_timeout_s",
+    "max_concurrent_trials",
+    "max_failures",
+)
+
+
+# --------------------------------------------------------------------------- the run folder
+
+
+@dataclasses.dataclass
+class RunFolder:
+    """results/<scenario>/<run_id>/, and its copy under sweep.storage_path when that is set."""
+
+    path: Path
+    remote: str | None = None  # <storage_path>/<scenario>/<run_id>
+
+    @staticmethod
+    def of(spec: RunSpec, path: Path) -> RunFolder:
+        storage = spec.sweep.storage_path
+        remote = storage_join(storage, spec.scenario.name, path.name) if storage else None
+        if remote and not is_uri(remote) and Path(remote).resolve() == path.resolve():
+            remote = None
+        return RunFolder(path, remote)
+
+    @property
+    def tune_storage(self) -> str:
+        """Ray Tune's storage_path (absolute, or a URI): the experiments live under it."""
+        return self.remote or str(self.path)
+
+    def mirror(self) -> None:
+        if self.remote:
+            mirror_files(self.path, RUN_FILES, self.remote)
+
+    def metadata(self) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads((self.path / "metadata.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{self.path}/metadata.json is unreadable ({exc}); this run cannot be resumed, start a new one") from exc
+        return data
+
+    def write_metadata(self, meta: dict[str, Any]) -> None:
+        write_json(meta, self.path / "metadata.json")
+        self.mirror()
+
+    def recorded_rows(self) -> list[dict[str, Any]]:
+        """Rows of trials.parquet that finished (status ok): the trials a resume keeps."""
+        import pandas as pd
+
+        path = self.path / "trials.parquet"
+        if not path.exists():
+            return []
+        df = pd.read_parquet(path)
+        return [{k: (None if _missing(v) else v) for k, v in r.items()} for r in df[df["status"] == "ok"].to_dict("records")]
+
+
+def _missing(value: Any) -> bool:
+    import pandas as pd
+
+    return not isinstance(value, (list, dict, str)) and bool(pd.isna(value))
+
+
+def git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5)
+    except OSError:
+        return None
+    return out.stdout.strip() or None
+
+
+def new_run_dir(spec: RunSpec) -> Path:
+    run_id = spec.run_id or dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(spec.results_dir).resolve() / spec.scenario.name / run_id
+    if (run_dir / "config.yaml").exists():
+        raise ConfigError(f"{run_dir} already exists; choose another results.run_id, or finish that run with resume=true")
+    try:
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir()  # the claim: of two sweeps given one id, exactly one gets here
+    except FileExistsError:
+        raise ConfigError(
+            f"{run_dir} already exists (another sweep is starting it, or one died before writing config.yaml: then "
+            "remove the folder); choose another results.run_id"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            f"results.dir={spec.results_dir}: cannot create {run_dir} ({exc.strerror or exc}); choose a folder you can write"
+        ) from exc
+    return run_dir
+
+
+def driver_info() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def check_resumable(run_dir: Path, meta: Mapping[str, Any]) -> None:
+    status = meta.get("status")
+    if status == "complete":
+        raise ConfigError(f"{run_dir} is already complete; nothing to resume (drop resume to start a new run)")
+    driver = meta.get("driver") or {}
+    if status == "running" and driver.get("host") == socket.gethostname() and driver.get("pid") != os.getpid():
+        import psutil
+
+        try:
+            alive = "autocompress.sweep" in " ".join(psutil.Process(int(driver["pid"])).cmdline())
+        except (psutil.Error, KeyError, ValueError):
+            alive = False
+        if alive:
+            raise ConfigError(f"{run_dir} is still being run by process {driver['pid']} on this host; stop it before resuming")
+
+
+# --------------------------------------------------------------------------- resume: which run, with which settings
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, Mapping):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _override_conflicts(current: dict[str, Any], stored: dict[str, Any], overrides: list[str]) -> list[str]:
+    """Command-line overrides whose value differs from the run's config.yaml (execution keys excepted)."""
+    now, run = _flat(current), _flat(stored)
+    free = {"resume", "results.run_id", "results.dir", "ray.address", *(f"sweep.{k}" for k in EXECUTION_KEYS)}
+    conflicts = []
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key in free or key.startswith("hydra"):
+            continue
+        if key == "scenario":
+            key = "scenario.name"
+        keys = sorted(k for k in set(now) | set(run) if k == key or k.startswith(key + "."))
+        keys = [k for k in keys if k.rsplit(".", 1)[-1] not in EXECUTION_KEYS]
+        conflicts += [f"{k} (run: {run.get(k)!r}, now: {now.get(k)!r})" for k in keys if now.get(k) != run.get(k)]
+    return conflicts
+
+
+def resume_target(current: dict[str, Any], resume: Any, overrides: list[str]) -> tuple[dict[str, Any], Path]:
+    """(the run's config.yaml as plain data, the run folder) for resume=true or resume=PATH/URI.
+
+    Execution keys (ray.address, sweep.cpus_per_trial, ...) given on this command line replace the
+    run's; any other override must agree with the run's config.yaml.
+    """
+    results_dir = Path((current.get("results") or {}).get("dir") or "results").resolve()
+    storage = (current.get("sweep") or {}).get("storage_path")
+    remote: str | None = None
+    if resume is True or str(resume).lower() == "true":
+        run_id = (current.get("results") or {}).get("run_id")
+        scenario = (current.get("scenario") or {}).get("name")
+        if not run_id or not scenario:
+            raise ConfigError("resume=true needs the run's +scenario=NAME and results.run_id=ID; or give its folder: resume=PATH")
+        run_dir = results_dir / str(scenario) / str(run_id)
+        remote = storage_join(storage, str(scenario), str(run_id)) if storage else None
+    elif is_uri(str(resume)):
+        remote = str(resume).rstrip("/")
+        run_dir = results_dir.joinpath(*remote.split("/")[-2:])
+    else:
+        run_dir = Path(str(resume)).expanduser().resolve()
+    if not (run_dir / "config.yaml").exists() and not (remote and fetch_dir(remote, run_dir)):
+        where = f"{run_dir} (nor {remote})" if remote else str(run_dir)
+        raise ConfigError(f"resume={resume}: {where} holds no config.yaml; give the folder of a sweep run (results/<scenario>/<run_id>)")
+    loaded = OmegaConf.load(run_dir / "config.yaml")
+    assert isinstance(loaded, DictConfig)
+    stored = plain(loaded)
+    conflicts = _override_conflicts(current, stored, overrides)
+    if conflicts:
+        raise ConfigError(
+            f"resume: a resumed run keeps the settings in {run_dir / 'config.yaml'}, and these overrides differ: "
+            f"{'; '.join(conflicts[:6])}. Drop them (only ray.address and sweep.{{{','.join(EXECUTION_KEYS[1:])}}} may change)"
+        )
+    given = {o.split("=", 1)[0].lstrip("+~").replace("ray.address", "sweep.ray_address") for o in overrides}
+    stored["sweep"].update({k: current["sweep"][k] for k in EXECUTION_KEYS if f"sweep.{k}" in given})
+    return stored, run_dir
