@@ -75,6 +75,15 @@ def test_homogeneous_rival_competes_with_the_search(prepared) -> None:  # type: 
     assert res.origin == "homogeneous" and res.architecture != res.searched
 
 
+def test_search_can_start_at_the_rival(prepared) -> None:  # type: ignore[no-untyped-def]
+    """search.start=rival: before any real step the most probable architecture is the rival, not the base model."""
+    spec, p = prepared
+    frozen = LagrangianSettings(lr=1e-9, dual_lr=0.0)
+    for start, expected in (("rival", p.inputs.homogeneous), ("base", p.space.largest())):
+        search = dataclasses.replace(spec.search, steps=1, start=start)
+        assert run_search(p.base.model, p.inputs, p.cost_model, search, frozen).argmax == expected
+
+
 def test_each_bound_is_met(prepared) -> None:  # type: ignore[no-untyped-def]
     spec, p = prepared
     base_ttft = p.cost_model.predict(p.space.largest())["ttft_ms"]

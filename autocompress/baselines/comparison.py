@@ -10,13 +10,13 @@ import pandas as pd
 
 from autocompress.baselines.minitron import MinitronSpec
 from autocompress.config.build import build, run_spec_from_dict
-from autocompress.config.schema import Constraint, RunSpec
+from autocompress.config.schema import METRICS, Constraint, RunSpec
 from autocompress.errors import ConfigError
 from autocompress.quality.distillation import DistillSpec
 from autocompress.quality.evaluation import EvalResult, EvalSpec
 from autocompress.quality.tasks import TASKS
 
-COSTS = ("ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gib")
+COSTS = tuple(METRICS)  # every constrained cost, in the one metric table's order
 MEASURED = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "throughput_tok_s": "throughput_tok_s", "memory_gib": "peak_gib"}
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from autocompress.arch.space import Architecture
 from autocompress.checkpoints.verification import Verification
-from autocompress.config.schema import RunSpec
+from autocompress.config.schema import METRICS, RunSpec
 from autocompress.model.decilm import vllm_limitation
 
 # --------------------------------------------------------------------------- model card
@@ -84,7 +84,7 @@ def _costs(e: Exported) -> list[str]:
         "|---|---|---|---|---|",
     ]
     bounds, base_costs = e.meta.get("constraints", {}), e.meta.get("base_costs", {})
-    for metric in ("ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gib"):
+    for metric in METRICS:
         bound = bounds.get(metric)
         limit = f"{'<=' if bound['sense'] == 'max' else '>='} {bound['value']:.4g}" if bound else "-"
         measured = _num(e.row.get(f"measured_{metric}"), "not measured")

@@ -299,7 +299,8 @@ class SearchSpec:
     steps: int = 40
     batch_size: int = 2  # sequences per step
     importance_sequences: int = 16  # calibration sequences for the importance ranking
-    init_bias: float = 2.0  # initial logit advantage of the largest option (start near the teacher)
+    init_bias: float = 2.0  # initial logit advantage of the starting option
+    start: str = "base"  # where the distributions start: "base" (the unpruned model) | "rival" (the homogeneous rival)
     straight_through: bool = False  # hard one-hot samples forward (else relaxed mixtures)
     settle_steps: int = 0  # at most this many extra steps while the argmax misses a bound (multipliers follow its violation)
     probe_sequences: int = 1  # calibration sequences that measure each repair / fill candidate
@@ -315,6 +316,8 @@ class SearchSpec:
             _positive(f"search.{key}", getattr(self, key))
         _positive("search.threads", self.threads, allow_zero=True)
         _positive("search.settle_steps", self.settle_steps, allow_zero=True)
+        if self.start not in ("base", "rival"):
+            raise ConfigError(f"search.start={self.start!r} is unknown; use base (the unpruned model) or rival (the homogeneous rival)")
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,11 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from autocompress.config.schema import METRICS
+
 QUALITY = "kl_select"  # selection-split KL to the teacher (lower is better); `kl` (report split) is what is reported
-COST_DIRECTIONS: dict[str, str] = {
-    "ttft_ms": "min",
-    "tpot_ms": "min",
-    "throughput_tok_s": "max",
-    "memory_gib": "min",
-}
+# which way each cost is better, from the one metric table: an upper-bounded ("max") cost is minimised
+COST_DIRECTIONS: dict[str, str] = {metric: "min" if sense == "max" else "max" for metric, sense in METRICS.items()}
 
 
 def pareto_mask(points: np.ndarray, directions: Sequence[str]) -> np.ndarray:

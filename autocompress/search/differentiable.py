@@ -267,9 +267,16 @@ def run_search(
     logits = []
     n = space.num_layers
     shapes = ((None, len(space.hidden)), (n, len(space.attention)), (n, len(space.ffn)), (None, len(space.heads)))
-    for n_rows, n_opts in shapes:
+    start_at = inputs.homogeneous if spec.start == "rival" and inputs.homogeneous is not None else None
+    first = space.indices(start_at) if start_at is not None else None
+    for k, (n_rows, n_opts) in enumerate(shapes):
         t = torch.zeros(n_opts) if n_rows is None else torch.zeros(n_rows, n_opts)
-        t[..., -1] = spec.init_bias  # start at the base model
+        if first is None:
+            t[..., -1] = spec.init_bias  # start at the base model
+        elif n_rows is None:
+            t[first[k]] = spec.init_bias  # start at the rival's choice
+        else:
+            t[torch.arange(n_rows), torch.tensor(first[k])] = spec.init_bias
         logits.append(t.requires_grad_(True))
     opt = torch.optim.Adam(logits, lr=settings.lr)
     forbidden = torch.zeros(space.num_layers, len(space.attention))  # options below a layer's floor
