@@ -61,7 +61,7 @@ def shape(arch: Architecture) -> dict[str, Any]:
     }
 
 
-def bench_scenario(name: str, n_settings: int, overrides: list[str]) -> dict[str, Any]:
+def bench_scenario(name: str, n_settings: int, overrides: list[str], searches_only: bool = False) -> dict[str, Any]:
     spec = compose_spec(f"+scenario={name}", *overrides)
     prep = prepare(spec, progress=False)
     model, inputs, cm, space = prep.base.model, prep.inputs, prep.cost_model, prep.space
@@ -92,6 +92,10 @@ def bench_scenario(name: str, n_settings: int, overrides: list[str]) -> dict[str
     out["search_only"] = min((own for _, _, own in searches), key=lambda r: r["kl_select"])
     assert best_res.argmax is not None
     out["argmax_before_repair"] = score(best_res.argmax, {"repair_steps": best_res.repair_steps})
+    if searches_only:  # an ablation of the search's own settings: the baselines do not change with them
+        out |= {"cost_only": None, "homogeneous_full_kv": None, "greedy": None, "minitron": None}
+        masked.remove()
+        return out
     settings = LagrangianSettings(**best["settings"])
     cost_only = run_search(model, dataclasses.replace(inputs, homogeneous=None), cm, spec.search, settings, kl_weight=0.0)
     out["cost_only"] = score(cost_only.architecture, {"repair_steps": cost_only.repair_steps})
@@ -139,6 +143,7 @@ def main() -> None:
     parser.add_argument("--scenario", action="append", required=True)
     parser.add_argument("--settings", type=int, default=len(SETTINGS), help="how many of the Lagrangian settings to search with")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--searches-only", action="store_true", help="only the searches (an ablation of search.*): no baselines")
     parser.add_argument("--out", default="benchmarks/out/search_quality.json")
     parser.add_argument("--table", default="benchmarks/results/search_quality.json")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. search.steps=24")
@@ -148,7 +153,7 @@ def main() -> None:
     results = []
     for name in args.scenario:
         start = time.time()
-        results.append(bench_scenario(name, args.settings, args.overrides) | {"wall_s": time.time() - start})
+        results.append(bench_scenario(name, args.settings, args.overrides, args.searches_only) | {"wall_s": time.time() - start})
         for path, data in ((Path(args.out), results), (Path(args.table), table(results, args, cpu))):
             path.parent.mkdir(parents=True, exist_ok=True)
             if path == Path(args.table) and path.exists():  # other scenarios' rows stay; this run's replace theirs
@@ -177,7 +182,7 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace, cpu: str) -> 
         row["repair_steps"] = [s["repair_steps"] for s in r["searches"]]
         row["fill_steps"] = [s.get("fill_steps", 0) for s in r["searches"]]
         row["params"] = {k: None if r[k] is None else r[k]["params"] for k in TABLE}
-        row["minitron_limits"] = r["minitron"]["limits"]
+        row["minitron_limits"] = r["minitron"]["limits"] if r["minitron"] else None
         row["wall_s"] = r["wall_s"]
         out[r["scenario"]] = row
     cmd = "benchmarks/search_quality.py " + " ".join(f"--scenario {s}" for s in args.scenario) + " " + " ".join(args.overrides)
