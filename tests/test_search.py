@@ -7,9 +7,11 @@ import dataclasses
 import pytest
 import torch
 
+from autocompress.arch.importance import importance as block_importance
 from autocompress.config.schema import Constraint, LagrangianSettings
 from autocompress.search.differentiable import run_search, violation
 from autocompress.search.prepare import prepare
+from autocompress.search.rival import homogeneous_full_kv
 
 from .conftest import TINY_CPU, compose_spec
 
@@ -50,13 +52,15 @@ def test_search_ends_feasible(prepared, settings: LagrangianSettings) -> None:  
 
 
 def test_homogeneous_rival_competes_with_the_search(prepared) -> None:  # type: ignore[no-untyped-def]
-    """The prepared rival is full-width, homogeneous and feasible; a search keeps whichever of the two has the lower selection KL."""
+    """The prepared rival is full-width and feasible, a homogeneous shape or one filled from it (upgrades only);
+    a search keeps whichever of the two has the lower selection KL."""
     spec, p = prepared
     rival = p.inputs.homogeneous
     assert rival is not None and p.space.allows(rival)
-    kept = [b for b in rival.blocks if b.ffn or b.kv_heads]
     assert rival.hidden_size == p.space.base.hidden_size and rival.num_attention_heads == p.space.base.num_attention_heads
-    assert {(b.kv_heads, b.ffn) for b in kept} == {(p.space.base.blocks[0].kv_heads, kept[0].ffn)}
+    drop_order = block_importance(p.base.model, p.inputs.calib[: spec.search.importance_sequences], progress=False).drop_order()
+    shapes = homogeneous_full_kv(p.space, drop_order, p.cost_model, p.inputs.constraints)
+    assert any(all(r.kv_heads >= h.kv_heads and r.ffn >= h.ffn for r, h in zip(rival.blocks, s.blocks, strict=True)) for s in shapes)
     costs = p.cost_model.predict(rival)
     assert all(c.satisfied(costs[c.metric]) for c in p.inputs.constraints)
     for kl_weight in (1.0, 0.0):  # 0: a cost-only search shrinks everything, so the rival must win

@@ -19,7 +19,7 @@ from autocompress.errors import InfeasibleError
 from autocompress.io import log
 from autocompress.model.base import BaseModel, load_base_model
 from autocompress.model.data import load_token_data
-from autocompress.search.differentiable import SearchInputs, evaluate
+from autocompress.search.differentiable import SearchInputs, evaluate, fill
 from autocompress.search.rival import best_homogeneous, homogeneous_full_kv
 
 
@@ -53,9 +53,16 @@ def check_space(base: Architecture, space: SearchSpace) -> None:
         raise InfeasibleError("the search space does not contain the base model; check search.space divisors")
 
 
-def homogeneous_rival(model: Any, masked: MaskedModel, inputs: SearchInputs, cost_model: CostModel, sequences: int) -> Architecture | None:
+RIVAL_MOVES = 64  # upgrades measured per fill step of the rival (SmolLM2 offers about 40)
+
+
+def homogeneous_rival(
+    model: Any, masked: MaskedModel, inputs: SearchInputs, cost_model: CostModel, sequences: int, probe_sequences: int
+) -> Architecture | None:
     """The full-width homogeneous shape (every head, one FFN width, the fewest least important blocks dropped) that
-    meets the constraints with the lowest selection-split KL: what every search's result must beat (None: none fits)."""
+    meets the constraints with the lowest selection-split KL, then filled up to the bounds: what every search's result
+    must beat (None: none fits). The fill measures every upgrade (up to RIVAL_MOVES) by KL on `probe_sequences`
+    calibration sequences, as a search's fill does, but ranks none by a search's distributions: there are none yet."""
     drop_order = block_importance(model, inputs.calib[:sequences], progress=False).drop_order()
     archs = homogeneous_full_kv(inputs.space, drop_order, cost_model, inputs.constraints)
     best = best_homogeneous(archs, lambda a: evaluate(model, masked, a, inputs.select, inputs.teacher_select)[0])
@@ -68,6 +75,22 @@ def homogeneous_rival(model: Any, masked: MaskedModel, inputs: SearchInputs, cos
         f"homogeneous rival: FFN {max(kept, default=0)} in {len(kept)} of {arch.num_layers} layers, "
         f"{arch.num_params() / 1e6:.1f}M parameters, selection KL {kl:.3f} ({len(archs)} FFN widths fit)"
     )
+    space, n = inputs.space, inputs.space.num_layers
+    flat = (
+        torch.zeros(len(space.hidden)),
+        torch.zeros(n, len(space.attention)),
+        torch.zeros(n, len(space.ffn)),
+        torch.zeros(len(space.heads)),
+    )
+    probe = inputs.calib[:probe_sequences], inputs.teacher_calib[:probe_sequences]
+    filled, steps = fill(
+        arch, space, cost_model, inputs.constraints, flat, lambda a: evaluate(model, masked, a, *probe)[0], 0.0, RIVAL_MOVES
+    )
+    if steps:
+        kl_filled = evaluate(model, masked, filled, inputs.select, inputs.teacher_select)[0]
+        log(f"homogeneous rival filled by {steps} upgrades: {filled.num_params() / 1e6:.1f}M parameters, selection KL {kl_filled:.3f}")
+        if kl_filled < kl:
+            return filled
     return arch
 
 
@@ -114,7 +137,9 @@ def prepare(spec: RunSpec, progress: bool = True, on_checked: Callable[[], Any] 
     masked = MaskedModel(model, space, ranking)
     _, base_ppl = evaluate(model, masked, None, data.report, report_hidden)
     if spec.search.homogeneous_candidate:
-        inputs.homogeneous = homogeneous_rival(model, masked, inputs, cost_model, spec.search.importance_sequences)
+        inputs.homogeneous = homogeneous_rival(
+            model, masked, inputs, cost_model, spec.search.importance_sequences, spec.search.probe_sequences
+        )
     masked.remove()
     log(f"prepared in {time.time() - start:.0f}s; base model report-split perplexity {base_ppl:.2f}")
     return Prepared(base_model, space, cost_model, base_costs, base_ppl, inputs)
