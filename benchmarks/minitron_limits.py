@@ -23,10 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autocompress import minitron  # noqa: E402
 from autocompress.arch.importance import teacher_hidden  # noqa: E402
 from autocompress.arch.masking import MaskedModel  # noqa: E402
-from autocompress.compare import build_context, job_from_dict  # noqa: E402
+from autocompress.baselines import minitron  # noqa: E402
+from autocompress.baselines.comparison import job_from_dict  # noqa: E402
+from autocompress.compare import build_context  # noqa: E402
 from autocompress.config.compose import compose_dict  # noqa: E402
 from autocompress.errors import InfeasibleError  # noqa: E402
 from autocompress.results.store import load_run  # noqa: E402

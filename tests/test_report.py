@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from autocompress import io
 from autocompress.arch.space import Architecture, Block
 from autocompress.charts import figures
 from autocompress.report import main, without_reports
@@ -216,9 +217,9 @@ def test_report_cli_on_a_sweep_folder(tiny_run: Path, tmp_path: Path) -> None:
 def save_run(run: Run) -> Path:
     """Write a run's files as a sweep would (no config.yaml: an older run whose spec no longer parses)."""
     run.path.mkdir(parents=True)
-    results.write_parquet(run.trials, run.path / "trials.parquet")
-    results.write_parquet(run.pareto, run.path / "pareto.parquet")
-    results.write_json(run.metadata, run.path / "metadata.json")
+    io.write_parquet(run.trials, run.path / "trials.parquet")
+    io.write_parquet(run.pareto, run.path / "pareto.parquet")
+    io.write_json(run.metadata, run.path / "metadata.json")
     return run.path
 
 
