@@ -125,6 +125,13 @@ def evaluate(
     return kl_sum / n_kl, math.exp(nll_sum / n_nll)
 
 
+def flat_logits(space: SearchSpace) -> list[torch.Tensor]:
+    """Zero architecture logits of every decision: hidden [h], attention [L, a], FFN [L, f], query heads [q]."""
+    n = space.num_layers
+    shapes = [(len(space.hidden),), (n, len(space.attention)), (n, len(space.ffn)), (len(space.heads),)]
+    return [torch.zeros(shape) for shape in shapes]
+
+
 Move = tuple[int, list[int], list[int], int]  # option indices: hidden, attention per layer, FFN per layer, query heads
 
 
@@ -264,20 +271,15 @@ def run_search(
     gen = torch.Generator().manual_seed(settings.seed)
     if spec.threads:
         torch.set_num_threads(spec.threads)
-    logits = []
-    n = space.num_layers
-    shapes = ((None, len(space.hidden)), (n, len(space.attention)), (n, len(space.ffn)), (None, len(space.heads)))
-    start_at = inputs.homogeneous if spec.start == "rival" and inputs.homogeneous is not None else None
-    first = space.indices(start_at) if start_at is not None else None
-    for k, (n_rows, n_opts) in enumerate(shapes):
-        t = torch.zeros(n_opts) if n_rows is None else torch.zeros(n_rows, n_opts)
+    logits = flat_logits(space)
+    first = space.indices(inputs.homogeneous) if spec.start == "rival" and inputs.homogeneous is not None else None
+    for k, t in enumerate(logits):
         if first is None:
             t[..., -1] = spec.init_bias  # start at the base model
-        elif n_rows is None:
-            t[first[k]] = spec.init_bias  # start at the rival's choice
-        else:
-            t[torch.arange(n_rows), torch.tensor(first[k])] = spec.init_bias
-        logits.append(t.requires_grad_(True))
+        else:  # start at the rival's choice of every decision
+            rows = t.view(-1, t.shape[-1])
+            rows[torch.arange(len(rows)), torch.tensor(first[k]).reshape(-1)] = spec.init_bias
+        t.requires_grad_(True)
     opt = torch.optim.Adam(logits, lr=settings.lr)
     forbidden = torch.zeros(space.num_layers, len(space.attention))  # options below a layer's floor
     for layer, floor in enumerate(space.attention_floor):

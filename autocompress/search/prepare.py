@@ -19,7 +19,7 @@ from autocompress.errors import InfeasibleError
 from autocompress.io import log
 from autocompress.model.base import BaseModel, load_base_model
 from autocompress.model.data import load_token_data
-from autocompress.search.differentiable import SearchInputs, evaluate, fill
+from autocompress.search.differentiable import SearchInputs, evaluate, fill, flat_logits
 from autocompress.search.rival import best_homogeneous, homogeneous_full_kv
 
 
@@ -75,13 +75,8 @@ def homogeneous_rival(
         f"homogeneous rival: FFN {max(kept, default=0)} in {len(kept)} of {arch.num_layers} layers, "
         f"{arch.num_params() / 1e6:.1f}M parameters, selection KL {kl:.3f} ({len(archs)} FFN widths fit)"
     )
-    space, n = inputs.space, inputs.space.num_layers
-    flat = (
-        torch.zeros(len(space.hidden)),
-        torch.zeros(n, len(space.attention)),
-        torch.zeros(n, len(space.ffn)),
-        torch.zeros(len(space.heads)),
-    )
+    space = inputs.space
+    flat = tuple(flat_logits(space))  # no search's distributions rank the upgrades: every one is measured
     probe = inputs.calib[:probe_sequences], inputs.teacher_calib[:probe_sequences]
     filled, steps = fill(
         arch, space, cost_model, inputs.constraints, flat, lambda a: evaluate(model, masked, a, *probe)[0], 0.0, RIVAL_MOVES
