@@ -9,7 +9,7 @@ import torch
 from autocompress.arch.importance import sublayer_order
 from autocompress.arch.space import Architecture, Block
 from autocompress.baselines.naive import greedy_removal
-from autocompress.search.rival import homogeneous_full_kv
+from autocompress.search.rival import best_homogeneous, homogeneous_full_kv
 
 from .test_minitron import smollm2_setup
 
@@ -32,6 +32,27 @@ def test_homogeneous_full_kv_takes_the_fewest_drops_per_ffn_width() -> None:
             blocks = tuple(Block(0, 0) if i in order[: n_drop - 1] else Block(3, ffn) for i in range(30))
             fewer = cm.predict(Architecture(**{**arch.__dict__, "blocks": blocks}))
             assert not all(c.satisfied(fewer[c.metric]) for c in cons)
+
+
+def test_best_homogeneous_measures_only_the_screened_best() -> None:
+    """With a screen, only the `keep` best by it are measured; the pick is the lowest measured, even where the screen
+    ranked it second."""
+    space, cm, cons = smollm2_setup(0.8, 0.8)
+    archs = homogeneous_full_kv(space, list(range(29, -1, -1)), cm, cons)
+    assert len(archs) > 3
+    true_kl = {a: float(i) for i, a in enumerate(archs)}  # the widest is best ...
+    screen = {a: -float(i) for i, a in enumerate(archs)}  # ... the screen favours the narrowest, then archs[0] fourth
+    screen[archs[0]] = -len(archs) + 1.5  # archs[0] now second by the screen
+    measured: list[Architecture] = []
+
+    def kl(a: Architecture) -> float:
+        measured.append(a)
+        return true_kl[a]
+
+    assert best_homogeneous(archs, kl, screen.__getitem__, keep=3) == (archs[0], 0.0)
+    assert len(measured) == 3 and archs[0] in measured and archs[1] not in measured
+    assert best_homogeneous(archs, true_kl.__getitem__) == (archs[0], 0.0)  # no screen: every one measured
+    assert best_homogeneous([], kl, screen.__getitem__) is None
 
 
 def test_greedy_removal_stops_at_the_first_feasible_architecture() -> None:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
 
 from autocompress.arch.importance import importance as block_importance
+from autocompress.arch.masking import MaskedModel
 from autocompress.config.schema import Constraint, LagrangianSettings
-from autocompress.search.differentiable import run_search, violation
+from autocompress.search.differentiable import evaluate, run_search, violation
 from autocompress.search.prepare import prepare
 from autocompress.search.rival import homogeneous_full_kv
 
@@ -63,6 +65,11 @@ def test_homogeneous_rival_competes_with_the_search(prepared) -> None:  # type: 
     assert any(all(r.kv_heads >= h.kv_heads and r.ffn >= h.ffn for r, h in zip(rival.blocks, s.blocks, strict=True)) for s in shapes)
     costs = p.cost_model.predict(rival)
     assert all(c.satisfied(costs[c.metric]) for c in p.inputs.constraints)
+    masked = MaskedModel(p.base.model, p.space, p.inputs.ranking)
+    try:  # what trials reuse for the prepared rival is its measurement on the selection split
+        assert p.inputs.homogeneous_select == evaluate(p.base.model, masked, rival, p.inputs.select, p.inputs.teacher_select)
+    finally:
+        masked.remove()
     for kl_weight in (1.0, 0.0):  # 0: a cost-only search shrinks everything, so the rival must win
         res = run_search(p.base.model, p.inputs, p.cost_model, spec.search, LagrangianSettings(), kl_weight=kl_weight)
         alone = run_search(
@@ -77,6 +84,22 @@ def test_homogeneous_rival_competes_with_the_search(prepared) -> None:  # type: 
         assert res.all_feasible and res.kl_select <= res.searched_kl_select
         assert (res.origin == "homogeneous") == (res.kl_select < res.searched_kl_select)
     assert res.origin == "homogeneous" and res.architecture != res.searched
+
+
+def test_evaluate_matches_the_model_own_loss(prepared) -> None:  # type: ignore[no-untyped-def]
+    """The unpruned model: KL to itself 0, perplexity exp(the Hugging Face model's own mean next-token loss)."""
+    _, p = prepared
+    model, tokens = p.base.model, p.inputs.report[:4]
+    masked = MaskedModel(model, p.space, p.inputs.ranking)
+    try:
+        teacher = model.model(input_ids=tokens, use_cache=False).last_hidden_state
+        kl, ppl = evaluate(model, masked, None, tokens, teacher, batch_size=2)
+    finally:
+        masked.remove()
+    with torch.no_grad():
+        loss = float(model(input_ids=tokens, labels=tokens, use_cache=False).loss)
+    assert abs(kl) < 1e-5
+    assert ppl == pytest.approx(math.exp(loss), rel=1e-5)
 
 
 def test_search_can_start_at_the_rival(prepared) -> None:  # type: ignore[no-untyped-def]

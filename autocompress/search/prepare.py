@@ -54,18 +54,29 @@ def check_space(base: Architecture, space: SearchSpace) -> None:
 
 
 RIVAL_MOVES = 64  # upgrades measured per fill step of the rival (SmolLM2 offers about 40)
+RIVAL_SCREEN = 8  # selection sequences that screen the FFN widths; the RIVAL_KEEP best are measured on the whole split
+RIVAL_KEEP = 3
 
 
 def homogeneous_rival(
     model: Any, masked: MaskedModel, inputs: SearchInputs, cost_model: CostModel, sequences: int, probe_sequences: int
-) -> Architecture | None:
+) -> tuple[Architecture, tuple[float, float]] | None:
     """The full-width homogeneous shape (every head, one FFN width, the fewest least important blocks dropped) that
     meets the constraints with the lowest selection-split KL, then filled up to the bounds: what every search's result
-    must beat (None: none fits). The fill measures every upgrade (up to RIVAL_MOVES) by KL on `probe_sequences`
-    calibration sequences, as a search's fill does, but ranks none by a search's distributions: there are none yet."""
+    must beat, with its selection (KL, perplexity) (None: none fits). The widths are screened on the first RIVAL_SCREEN
+    selection sequences and the RIVAL_KEEP best measured on the whole split. The fill measures every upgrade (up to
+    RIVAL_MOVES) by KL on `probe_sequences` calibration sequences, as a search's fill does, but ranks none by a
+    search's distributions: there are none yet."""
     drop_order = block_importance(model, inputs.calib[:sequences], progress=False).drop_order()
     archs = homogeneous_full_kv(inputs.space, drop_order, cost_model, inputs.constraints)
-    best = best_homogeneous(archs, lambda a: evaluate(model, masked, a, inputs.select, inputs.teacher_select)[0])
+    measured: dict[Architecture, tuple[float, float]] = {}
+
+    def on_select(a: Architecture) -> float:
+        measured[a] = evaluate(model, masked, a, inputs.select, inputs.teacher_select)
+        return measured[a][0]
+
+    head = inputs.select[:RIVAL_SCREEN], inputs.teacher_select[:RIVAL_SCREEN]
+    best = best_homogeneous(archs, on_select, lambda a: evaluate(model, masked, a, *head)[0], RIVAL_KEEP)
     if best is None:
         log("homogeneous rival: no full-width homogeneous shape meets the constraints")
         return None
@@ -73,7 +84,8 @@ def homogeneous_rival(
     kept = [b.ffn for b in arch.blocks if b.ffn]
     log(
         f"homogeneous rival: FFN {max(kept, default=0)} in {len(kept)} of {arch.num_layers} layers, "
-        f"{arch.num_params() / 1e6:.1f}M parameters, selection KL {kl:.3f} ({len(archs)} FFN widths fit)"
+        f"{arch.num_params() / 1e6:.1f}M parameters, selection KL {kl:.3f} ({len(archs)} FFN widths fit, "
+        f"{len(measured)} measured on the whole selection split)"
     )
     space = inputs.space
     flat = tuple(flat_logits(space))  # no search's distributions rank the upgrades: every one is measured
@@ -82,11 +94,14 @@ def homogeneous_rival(
         arch, space, cost_model, inputs.constraints, flat, lambda a: evaluate(model, masked, a, *probe)[0], 0.0, RIVAL_MOVES
     )
     if steps:
-        kl_filled = evaluate(model, masked, filled, inputs.select, inputs.teacher_select)[0]
-        log(f"homogeneous rival filled by {steps} upgrades: {filled.num_params() / 1e6:.1f}M parameters, selection KL {kl_filled:.3f}")
-        if kl_filled < kl:
-            return filled
-    return arch
+        on_select(filled)
+        log(
+            f"homogeneous rival filled by {steps} upgrades: {filled.num_params() / 1e6:.1f}M parameters, "
+            f"selection KL {measured[filled][0]:.3f}"
+        )
+        if measured[filled][0] < kl:
+            return filled, measured[filled]
+    return arch, measured[arch]
 
 
 def prepare(spec: RunSpec, progress: bool = True, on_checked: Callable[[], Any] | None = None) -> Prepared:
@@ -132,9 +147,9 @@ def prepare(spec: RunSpec, progress: bool = True, on_checked: Callable[[], Any] 
     masked = MaskedModel(model, space, ranking)
     _, base_ppl = evaluate(model, masked, None, data.report, report_hidden)
     if spec.search.homogeneous_candidate:
-        inputs.homogeneous = homogeneous_rival(
-            model, masked, inputs, cost_model, spec.search.importance_sequences, spec.search.probe_sequences
-        )
+        rival = homogeneous_rival(model, masked, inputs, cost_model, spec.search.importance_sequences, spec.search.probe_sequences)
+        if rival is not None:
+            inputs.homogeneous, inputs.homogeneous_select = rival
     masked.remove()
     log(f"prepared in {time.time() - start:.0f}s; base model report-split perplexity {base_ppl:.2f}")
     return Prepared(base_model, space, cost_model, base_costs, base_ppl, inputs)

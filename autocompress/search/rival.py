@@ -27,8 +27,17 @@ def homogeneous_full_kv(
     return out
 
 
-def best_homogeneous(archs: list[Architecture], kl: Callable[[Architecture], float]) -> tuple[Architecture, float] | None:
-    """The architecture of `archs` (e.g. `homogeneous_full_kv`'s) with the lowest `kl`, and that KL; None if there is none."""
+def best_homogeneous(
+    archs: list[Architecture],
+    kl: Callable[[Architecture], float],
+    screen: Callable[[Architecture], float] | None = None,
+    keep: int = 3,
+) -> tuple[Architecture, float] | None:
+    """The architecture of `archs` (e.g. `homogeneous_full_kv`'s) with the lowest `kl`, and that KL; None if there is none.
+    With `screen` (a cheaper estimate of `kl`, e.g. on part of the same split), only the `keep` best by it are measured by `kl`."""
+    if screen is not None and len(archs) > keep:
+        ranked = sorted(range(len(archs)), key=lambda i: screen(archs[i]))
+        archs = [archs[i] for i in sorted(ranked[:keep])]
     scored = [(kl(a), i) for i, a in enumerate(archs)]
     if not scored:
         return None
