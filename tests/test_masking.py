@@ -102,6 +102,34 @@ def test_heterogeneous_mask_equals_reference_forward(tiny_model: Any, tiny_space
     assert torch.allclose(masked_logits(tiny_model, tiny_space, ranking, halved, tokens), expected, atol=1e-5)
 
 
+def test_skipping_dropped_layers_changes_nothing(tiny_model: Any, tiny_space: SearchSpace, tokens: torch.Tensor) -> None:
+    """A layer without attention and FFN adds exactly 0: leaving it out of the forward gives the same logits, bit for bit;
+    `clear` and `set` bring every layer back."""
+    ranking = rank_units(tiny_model, tokens, progress=False)
+    arch = Architecture(**{**tiny_space.base.__dict__, "hidden_size": 48, "blocks": (Block(1, 64), Block(0, 0), Block(2, 0))})
+    layers = tiny_model.model.layers
+    masked = MaskedModel(tiny_model, tiny_space, ranking)
+    try:
+        masked.set_architecture(arch)
+        with torch.no_grad():
+            full = tiny_model(tokens).logits
+        masked.set_architecture(arch, skip_dropped=True)
+        assert [id(m) for m in tiny_model.model.layers] == [id(layers[0]), id(layers[2])]
+        with torch.no_grad():
+            skipped = tiny_model(tokens).logits
+        masked.clear()
+        assert tiny_model.model.layers is layers
+        masked.set_architecture(arch, skip_dropped=True)
+        masked.set_architecture(tiny_space.largest())
+        assert tiny_model.model.layers is layers
+        masked.set_architecture(arch, skip_dropped=True)
+    finally:
+        masked.remove()
+    assert tiny_model.model.layers is layers
+    assert torch.equal(skipped, full)
+    assert torch.allclose(full, reference_forward(tiny_model, arch, ranking, tokens), atol=1e-5)
+
+
 def test_query_heads_are_ranked_within_their_kv_group(tiny_model: Any, tokens: torch.Tensor) -> None:
     """Every layer's order is a permutation in which positions g*r .. g*r+r-1 hold group g's heads, best first."""
     ranking = rank_units(tiny_model, tokens, progress=False)

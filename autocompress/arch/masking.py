@@ -110,6 +110,7 @@ class MaskedModel:
         self._gate = torch.tensor([float(k > 0) for k in space.attention])  # [A]
         self._widths = torch.tensor(space.hidden, dtype=torch.float32)  # [H]
         self._masks: _Masks | None = None
+        self._layers: Any = None  # the model's own layer list while `set_architecture(skip_dropped=True)` left some out
         self._handles: list[Any] = []
         self._attach()
 
@@ -117,6 +118,7 @@ class MaskedModel:
 
     def set(self, hidden: torch.Tensor, attention: torch.Tensor, ffn: torch.Tensor, heads: torch.Tensor | None = None) -> None:
         """Choices as (relaxed) one-hot weights: hidden [H], attention [L, A], ffn [L, F], query heads [Q] (None = all)."""
+        self.clear()  # every layer computes again
         self._masks = _Masks(
             hidden=hidden @ self._p_hidden,
             width=hidden @ self._widths,
@@ -126,7 +128,9 @@ class MaskedModel:
             ffn=torch.einsum("lf,lfi->li", ffn, self._p_ffn),
         )
 
-    def set_architecture(self, arch: Architecture) -> None:
+    def set_architecture(self, arch: Architecture, skip_dropped: bool = False) -> None:
+        """`arch` as hard masks. `skip_dropped`: until `clear`, the forward also leaves out the layers whose attention
+        and FFN are both no-ops (their masked output adds exactly 0 to the residual stream), which saves their compute."""
         h, att, ffn, q = self.space.indices(arch)
         onehot = torch.nn.functional.one_hot
         self.set(
@@ -135,16 +139,23 @@ class MaskedModel:
             onehot(torch.tensor(ffn), len(self.space.ffn)).float(),
             onehot(torch.tensor(q), len(self.space.heads)).float(),
         )
+        if skip_dropped:
+            self._layers = self.model.model.layers
+            kept = [layer for layer, b in zip(self._layers, arch.blocks, strict=True) if b.kv_heads or b.ffn]
+            self.model.model.layers = torch.nn.ModuleList(kept)
 
     def clear(self) -> None:
         """Back to the unpruned teacher."""
         self._masks = None
+        if self._layers is not None:
+            self.model.model.layers = self._layers
+            self._layers = None
 
     def remove(self) -> None:
+        self.clear()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._masks = None
 
     # ------------------------------------------------------------------ hooks
 

@@ -115,7 +115,7 @@ def evaluate(
     if arch is None:
         masked.clear()
     else:
-        masked.set_architecture(arch)
+        masked.set_architecture(arch, skip_dropped=True)
     kl_sum, nll_sum, n_kl, n_nll = 0.0, 0.0, 0, 0
     try:
         for start in range(0, len(tokens), batch_size):
