@@ -21,7 +21,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from autocompress.baselines.comparison import MEASURED, CompareJob, Model, job_f
 from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
 from autocompress.config.schema import Constraint, RunSpec
-from autocompress.errors import AutoCompressError, ConfigError
+from autocompress.errors import ConfigError
 from autocompress.io import check_writable, log, write_json, write_parquet, write_text
 from autocompress.quality.tasks import evaluation_paths
 from autocompress.results.store import load_run
@@ -370,11 +369,7 @@ def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model],
 def main(cfg: DictConfig) -> None:
     from autocompress.config.compose import plain
 
-    try:
-        run_compare(job_from_dict(plain(cfg)), OmegaConf.to_yaml(cfg, resolve=True))
-    except AutoCompressError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_compare(job_from_dict(plain(cfg)), OmegaConf.to_yaml(cfg, resolve=True))
 
 
 if __name__ == "__main__":

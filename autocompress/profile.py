@@ -11,7 +11,6 @@ and is used automatically by later sweeps on that hardware.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import hydra
@@ -34,7 +33,7 @@ from autocompress.cost.design import (
     run_measurements,
 )
 from autocompress.cost.engine import engine_settings, require_vllm
-from autocompress.errors import AutoCompressError, ConfigError
+from autocompress.errors import ConfigError
 from autocompress.model.base import load_base_model
 
 # --------------------------------------------------------------------------- entry point
@@ -89,11 +88,7 @@ def profile_aiconfigurator(spec: RunSpec, workloads: list[Workload]) -> Path | N
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 @hydra_task
 def main(cfg: DictConfig) -> None:
-    try:
-        run_profile(run_spec_from_dict(plain(cfg)))
-    except AutoCompressError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_profile(run_spec_from_dict(plain(cfg)))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from autocompress.charts.figures import (
     summary_table,
 )
 from autocompress.charts.plots import plot_architectures, plot_pareto, save
-from autocompress.errors import AutoCompressError
+from autocompress.config.cliargs import guarded
 from autocompress.io import check_writable, write_text
 from autocompress.results.pareto import COST_DIRECTIONS
 from autocompress.results.store import Run, RunFolderError, load_run
@@ -213,15 +213,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("run_dirs", nargs="+", type=Path, help="sweep run folders: results/<scenario>/<run_id>")
     parser.add_argument("--out", type=Path, default=None, help="report folder (default: RUN_DIR/report, or report/ beside several runs)")
     args = parser.parse_args(argv)
-    try:
+
+    def body() -> None:
         runs = list({r.path: r for r in (load_run(p) for p in without_reports(args.run_dirs))}.values())
         report = write_report(runs, (args.out or default_out(runs)).resolve())
-    except AutoCompressError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(key_tables(runs))
-    print(f"\nreport: {report}")
-    return 0
+        print(key_tables(runs))
+        print(f"\nreport: {report}")
+
+    return guarded(body)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +22,10 @@ from autocompress.config.build import run_spec_from_dict
 from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
 from autocompress.config.compose import plain
-from autocompress.errors import AutoCompressError, ConfigError
+from autocompress.errors import ConfigError
 from autocompress.io import log
 from autocompress.search.runfolder import RunFolder, resume_target
-from autocompress.search.tune import Interrupted, run_sweep
+from autocompress.search.tune import run_sweep
 
 
 def _sigterm(signum: int, frame: Any) -> None:
@@ -57,23 +56,16 @@ def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     signal.signal(signal.SIGTERM, _sigterm)
-    try:
-        data = plain(cfg)
-        mode = resume_mode(data, cfg.get("resume", False))
-        if mode == "new":
-            run_sweep(run_spec_from_dict(data), OmegaConf.to_yaml(cfg, resolve=True))
-        elif mode == "complete":
-            log("resume=auto: the run is already complete; nothing to do")
-        else:
-            resume = True if str(cfg.get("resume")).lower() == "auto" else cfg.get("resume")
-            data, run_dir = resume_target(data, resume, list(HydraConfig.get().overrides.task))
-            run_sweep(run_spec_from_dict(data), "", resume_dir=run_dir)
-    except AutoCompressError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except (Interrupted, KeyboardInterrupt) as exc:
-        print(f"interrupted: {exc}", file=sys.stderr)
-        sys.exit(130)
+    data = plain(cfg)
+    mode = resume_mode(data, cfg.get("resume", False))
+    if mode == "new":
+        run_sweep(run_spec_from_dict(data), OmegaConf.to_yaml(cfg, resolve=True))
+    elif mode == "complete":
+        log("resume=auto: the run is already complete; nothing to do")
+    else:
+        resume = True if str(cfg.get("resume")).lower() == "auto" else cfg.get("resume")
+        data, run_dir = resume_target(data, resume, list(HydraConfig.get().overrides.task))
+        run_sweep(run_spec_from_dict(data), "", resume_dir=run_dir)
 
 
 if __name__ == "__main__":

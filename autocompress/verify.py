@@ -24,10 +24,11 @@ import pandas as pd
 
 from autocompress.arch.space import Architecture
 from autocompress.cluster import init_ray
+from autocompress.config.cliargs import guarded
 from autocompress.config.compose import run_spec_of
 from autocompress.config.schema import Constraint, RunSpec
 from autocompress.cost.engine import engine_settings, measure_many, require_vllm
-from autocompress.errors import AutoCompressError, ConfigError
+from autocompress.errors import ConfigError
 from autocompress.io import log, write_parquet
 from autocompress.model.base import load_base_model
 from autocompress.results.store import read_table
@@ -198,11 +199,9 @@ def main(argv: list[str] | None = None) -> None:
     if source not in ("engine", "aiconfigurator") or (len(args) == 2 and not args[1].startswith("verify.source=")):
         print(f"error: {args[1]!r} is not verify.source=engine or verify.source=aiconfigurator", file=sys.stderr)
         sys.exit(2)
-    try:
-        (estimate if source == "aiconfigurator" else verify)(Path(args[0]))
-    except AutoCompressError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    code = guarded(lambda: (estimate if source == "aiconfigurator" else verify)(Path(args[0])))
+    if code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

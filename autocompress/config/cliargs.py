@@ -14,16 +14,37 @@ _TASK_STARTED = False
 
 
 def task(fn: Callable[..., None]) -> Callable[..., None]:
-    """Mark a @hydra.main task function (put it under the decorator): once it runs, Hydra has composed the config."""
+    """Mark a @hydra.main task function (put it under the decorator): once it runs, Hydra has composed the config.
+    Bad input and Ctrl-C end it as `guarded` says."""
     import functools
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> None:
         global _TASK_STARTED
         _TASK_STARTED = True
-        fn(*args, **kwargs)
+        code = guarded(lambda: fn(*args, **kwargs), interrupted="stopped")
+        if code:
+            sys.exit(code)
 
     return wrapper
+
+
+def guarded(body: Callable[[], Any], usage: str | None = None, interrupted: str = "nothing was written") -> int:
+    """Every command's exit policy: `body()` and 0; bad input as one `error:` line (plus `usage` after a malformed
+    command line) and 2; Ctrl-C or SIGTERM as one `interrupted:` line, what was kept and how to go on (the exception's
+    message, else `interrupted`), and 130; no traceback for either."""
+    try:
+        body()
+    except UsageError as exc:
+        print(f"error: {exc}" + (f"\n\n{usage}" if usage else ""), file=sys.stderr)
+        return 2
+    except AutoCompressError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
+        print(f"interrupted: {str(exc) or interrupted}", file=sys.stderr)
+        return 130
+    return 0
 
 
 def hydra_entry(main: Callable[[], None]) -> None:
@@ -48,18 +69,7 @@ def run_command(argv: list[str] | None, usage: str, body: Callable[[list[str]], 
     if not args or args[0] in ("-h", "--help"):
         print(usage)
         return 0 if args else 2
-    try:
-        body(args)
-    except UsageError as exc:
-        print(f"error: {exc}\n\n{usage}", file=sys.stderr)
-        return 2
-    except AutoCompressError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:  # Ctrl-C: one line (what was kept, how to go on), no traceback
-        print(f"interrupted: {exc or 'nothing was written'}", file=sys.stderr)
-        return 130
-    return 0
+    return guarded(lambda: body(args), usage)
 
 
 @dataclass(frozen=True)

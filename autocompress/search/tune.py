@@ -38,7 +38,7 @@ from autocompress.search.runfolder import OPTUNA_JOURNAL, PROJECT_ROOT, RunFolde
 SETTING_KEYS = [f.name for f in dataclasses.fields(LagrangianSettings)]
 
 
-class Interrupted(Exception):
+class Interrupted(KeyboardInterrupt):
     """The sweep stopped before every trial was recorded (Ctrl-C, SIGTERM): resume it."""
 
 

@@ -1,0 +1,46 @@
+"""Every command ends the same way: bad input one `error:` line and exit 2, Ctrl-C one `interrupted:` line and 130."""
+
+from __future__ import annotations
+
+import pytest
+
+from autocompress.config.cliargs import UsageError, guarded, run_command, task
+from autocompress.errors import ConfigError
+from autocompress.search.tune import Interrupted
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+@pytest.mark.parametrize(
+    "exc,code,line",
+    [
+        (None, 0, None),
+        (ConfigError("bad key x: use y"), 2, "error: bad key x: use y"),
+        (UsageError("give a FOLDER"), 2, "error: give a FOLDER\n\nusage: cmd FOLDER"),
+        (KeyboardInterrupt(), 130, "interrupted: nothing was written"),
+        (Interrupted("3 of 8 trials recorded; finish the run with resume=R"), 130, "interrupted: 3 of 8 trials recorded"),
+    ],
+)
+def test_guarded_maps_each_ending(exc: BaseException | None, code: int, line: str | None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert guarded(lambda: None if exc is None else _raise(exc), usage="usage: cmd FOLDER") == code
+    err = capsys.readouterr().err
+    assert (err == "") if line is None else err.startswith(line)
+    assert "Traceback" not in err
+
+
+def test_a_hydra_task_and_an_argv_command_exit_alike(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        task(lambda: _raise(ConfigError("scenario missing: add +scenario=NAME")))()
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == "error: scenario missing: add +scenario=NAME\n"
+    with pytest.raises(SystemExit) as stop:
+        task(lambda: _raise(KeyboardInterrupt()))()
+    assert stop.value.code == 130
+    assert capsys.readouterr().err == "interrupted: stopped\n"
+    task(lambda: None)()  # no exit when the task ends normally
+    assert run_command(["x"], "usage: cmd X", lambda args: _raise(ConfigError(f"no {args[0]}"))) == 2
+    assert capsys.readouterr().err == "error: no x\n"
+    assert run_command([], "usage: cmd X", lambda args: None) == 2  # no arguments: the usage
+    assert run_command(["-h"], "usage: cmd X", lambda args: None) == 0
