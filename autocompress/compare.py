@@ -32,7 +32,7 @@ import hydra
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from autocompress.baselines.comparison import MEASURED, CompareJob, Model, job_from_dict, markdown, model_row, paired_bootstrap
+from autocompress.baselines.comparison import CompareJob, Model, job_from_dict, markdown, model_row, paired_bootstrap
 from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
 from autocompress.config.schema import Constraint, RunSpec
@@ -225,7 +225,7 @@ def measure_costs(job: CompareJob, ctx: Context, models: list[Model], out: Path,
 
 def _measure(ctx: Context, models: list[Model], path: Path) -> None:
     from autocompress.cluster import init_ray
-    from autocompress.cost.engine import engine_settings, measure_many, require_vllm
+    from autocompress.cost.engine import engine_settings, measure_many, measured_metrics, require_vllm
 
     hw, wl = ctx.spec.scenario.hardware, ctx.spec.scenario.workload
     require_vllm(hw.engine)
@@ -236,7 +236,7 @@ def _measure(ctx: Context, models: list[Model], path: Path) -> None:
     for arch, rows in measure_many([m.arch for m in models], ctx.model.config.to_dict(), [wl], settings):
         row, name = rows[0], names[arch.to_json()]
         if row.get("status") == "ok":
-            measured[name] = {k: float(row[v]) for k, v in MEASURED.items() if v in row}
+            measured[name] = measured_metrics(row)
         else:
             log(f"measuring {name} failed: {row.get('error')}")
     write_json(measured, path)

@@ -27,21 +27,11 @@ from autocompress.cluster import init_ray
 from autocompress.config.cliargs import guarded
 from autocompress.config.compose import run_spec_of
 from autocompress.config.schema import Constraint, RunSpec
-from autocompress.cost.engine import engine_settings, measure_many, require_vllm
+from autocompress.cost.engine import engine_settings, measure_many, measured_metrics, measured_spreads, require_vllm
 from autocompress.errors import ConfigError
 from autocompress.io import log, write_parquet
 from autocompress.model.base import load_base_model
 from autocompress.results.store import read_table
-
-# predicted column -> measured field of the engine rows
-MEASURED = {
-    "ttft_ms": "ttft_ms",
-    "tpot_ms": "tpot_ms",
-    "throughput_tok_s": "throughput_tok_s",
-    "memory_gib": "peak_gib",
-    "kv_capacity_tokens": "kv_capacity_tokens",
-}
-SPREADS = {"ttft_ms": "ttft_spread", "tpot_ms": "tpot_spread", "throughput_tok_s": "throughput_spread"}
 
 
 def _constraints(run_dir: Path) -> tuple[Constraint, ...]:
@@ -55,8 +45,8 @@ def measured_columns(rows: list[dict[str, Any]], constraints: tuple[Constraint, 
     cols: dict[str, Any] = {"verify_status": row["status"], "verify_error": row.get("error", "")}
     if row["status"] != "ok":
         return cols | {"feasible_measured": False, "feasible_within_noise": False}
-    cols |= {f"measured_{k}": float(row[v]) for k, v in MEASURED.items()}
-    cols |= {f"measured_{k}_spread": float(row[v]) for k, v in SPREADS.items()}
+    cols |= {f"measured_{k}": v for k, v in measured_metrics(row).items()}
+    cols |= {f"measured_{k}_spread": v for k, v in measured_spreads(row).items()}
     if row.get("cpu"):
         cols["measured_on_cpu"] = row["cpu"]  # CPUs of one kind differ several-fold
     strict, loose = True, True

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from autocompress.config.schema import Constraint
+from autocompress.cost.engine import measured_metrics
 from autocompress.verify import measured_columns
 
 from .conftest import TINY_CPU, run_cli
@@ -34,6 +35,9 @@ def test_measured_feasibility_strict_and_within_noise() -> None:
     assert not close["feasible_measured"] and close["feasible_within_noise"]
     far = measured_columns([ROW], (Constraint("tpot_ms", 8.0),))
     assert not far["feasible_measured"] and not far["feasible_within_noise"]
+    want = {"ttft_ms": 100.0, "tpot_ms": 10.0, "throughput_tok_s": 50.0, "memory_gib": 2.0, "kv_capacity_tokens": 4096.0}
+    assert measured_metrics(ROW) == want
+    assert {f"measured_{k}": v for k, v in measured_metrics(ROW).items()}.items() <= ok.items()  # compare's columns are verify's
     failed = measured_columns([{"status": "failed", "error": "engine died"}], (Constraint("tpot_ms", 8.0),))
     assert failed["verify_status"] == "failed" and not failed["feasible_measured"]
 

@@ -17,7 +17,6 @@ from autocompress.quality.evaluation import EvalResult, EvalSpec
 from autocompress.quality.tasks import TASKS
 
 COSTS = tuple(METRICS)  # every constrained cost, in the one metric table's order
-MEASURED = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "throughput_tok_s": "throughput_tok_s", "memory_gib": "peak_gib"}
 
 
 @dataclass(frozen=True)

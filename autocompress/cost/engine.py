@@ -32,6 +32,26 @@ from autocompress.errors import ConfigError
 
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
+# metric (the predicted column's name) -> the field of an engine row that measures it, and the field of its spread
+ENGINE_FIELDS = {
+    "ttft_ms": "ttft_ms",
+    "tpot_ms": "tpot_ms",
+    "throughput_tok_s": "throughput_tok_s",
+    "memory_gib": "peak_gib",
+    "kv_capacity_tokens": "kv_capacity_tokens",
+}
+SPREAD_FIELDS = {"ttft_ms": "ttft_spread", "tpot_ms": "tpot_spread", "throughput_tok_s": "throughput_spread"}
+
+
+def measured_metrics(row: dict[str, Any]) -> dict[str, float]:
+    """What an engine row (status ok) measured, by metric: the one mapping that verify's and compare's columns use."""
+    return {metric: float(row[field]) for metric, field in ENGINE_FIELDS.items() if field in row}
+
+
+def measured_spreads(row: dict[str, Any]) -> dict[str, float]:
+    """The run-to-run spread of each metric an engine row measured over its repeats, by metric."""
+    return {metric: float(row[field]) for metric, field in SPREAD_FIELDS.items() if field in row}
+
 
 @dataclass(frozen=True)
 class EngineSettings:
