@@ -37,7 +37,7 @@ from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
 from autocompress.config.schema import Constraint, RunSpec
 from autocompress.errors import ConfigError
-from autocompress.io import check_writable, log, write_json, write_parquet, write_text
+from autocompress.io import RUN_TRIALS, check_writable, log, write_json, write_parquet, write_text
 from autocompress.quality.tasks import evaluation_paths
 from autocompress.results.store import load_run
 
@@ -254,7 +254,7 @@ def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Mo
     from autocompress.checkpoints.pipeline import ExportRequest, export
 
     row, run_dir, cost_model = ctx.row, ctx.run.path, ctx.cost_model
-    request = ExportRequest(run_dir / "trials.parquet", out / "autocompress" / "pruned", trial=row["trial_id"], overwrite=True)
+    request = ExportRequest(run_dir / RUN_TRIALS, out / "autocompress" / "pruned", trial=row["trial_id"], overwrite=True)
     key = {"trial": row["trial_id"], "architecture": row["architecture"]}
     stages.run("autocompress/pruned", key, request.out, partial(export, request))
     mkey = {

@@ -1,4 +1,5 @@
-"""Writing outputs so that nothing is half-written: atomic text / JSON / Parquet files, staged output folders, the log line."""
+"""Writing outputs so that nothing is half-written: atomic text / JSON / Parquet files, staged output folders, the log line,
+and the names of a run folder's files."""
 
 from __future__ import annotations
 
@@ -15,6 +16,14 @@ from autocompress.errors import ConfigError
 
 if TYPE_CHECKING:
     import pandas as pd
+
+
+# A sweep's run folder, results/<scenario>/<run_id>/: every module names its files through these.
+RUN_CONFIG = "config.yaml"  # the composed config the sweep ran with
+RUN_METADATA = "metadata.json"  # status, constraints, cost model, code version
+RUN_RANKING = "ranking.safetensors"  # the importance order that export slices weights in
+RUN_TRIALS = "trials.parquet"
+RUN_PARETO = "pareto.parquet"
 
 
 def log(msg: str) -> None:

@@ -33,7 +33,7 @@ from autocompress.charts.figures import (
 )
 from autocompress.charts.plots import plot_architectures, plot_pareto, save
 from autocompress.config.cliargs import guarded
-from autocompress.io import check_writable, write_text
+from autocompress.io import RUN_METADATA, check_writable, write_text
 from autocompress.results.pareto import COST_DIRECTIONS
 from autocompress.results.store import Run, RunFolderError, load_run
 
@@ -199,7 +199,7 @@ def key_tables(runs: Sequence[Run]) -> str:
 
 def without_reports(paths: Sequence[Path]) -> list[Path]:
     """The paths minus earlier report folders (a glob such as results/<scenario>/* matches them too)."""
-    reports = [p for p in paths if (p / "report.md").exists() and not (p / "metadata.json").exists()]
+    reports = [p for p in paths if (p / "report.md").exists() and not (p / RUN_METADATA).exists()]
     if reports:
         print(f"skipping report folders: {', '.join(map(str, reports))}", file=sys.stderr)
     runs = [p for p in paths if p not in reports]

@@ -29,13 +29,13 @@ from autocompress.config.compose import run_spec_of
 from autocompress.config.schema import Constraint, RunSpec
 from autocompress.cost.engine import engine_settings, measure_many, measured_metrics, measured_spreads, require_vllm
 from autocompress.errors import ConfigError
-from autocompress.io import log, write_parquet
+from autocompress.io import RUN_METADATA, RUN_PARETO, RUN_TRIALS, log, write_parquet
 from autocompress.model.base import load_base_model
 from autocompress.results.store import read_table
 
 
 def _constraints(run_dir: Path) -> tuple[Constraint, ...]:
-    meta = json.loads((run_dir / "metadata.json").read_text())
+    meta = json.loads((run_dir / RUN_METADATA).read_text())
     return tuple(Constraint(metric, float(c["value"])) for metric, c in meta["constraints"].items())
 
 
@@ -70,7 +70,7 @@ def _merge(frame: pd.DataFrame, measured: dict[str, dict[str, Any]]) -> pd.DataF
 def _run_of(path: Path) -> tuple[Path, Path, RunSpec]:
     """(pareto file, run folder, the run's spec) of a pareto.parquet or a run folder given on the command line."""
     if path.is_dir():
-        path = path / "pareto.parquet"
+        path = path / RUN_PARETO
     if not path.exists():
         raise ConfigError(f"{path} does not exist; give results/<scenario>/<run_id>/pareto.parquet of a finished sweep")
     return path, path.parent, run_spec_of(path.parent)
@@ -108,7 +108,7 @@ def verify(path: Path) -> pd.DataFrame:
         cols = measured_columns(rows, constraints)
         measured.update({tid: cols for tid in trials_of[arch]})
         log(f"[{n}/{len(trials_of)}] {', '.join(trials_of[arch])}: {_line(cols)}")
-    for target in (path, run_dir / "trials.parquet"):
+    for target in (path, run_dir / RUN_TRIALS):
         if target.exists():
             write_parquet(_merge(pd.read_parquet(target), measured), target)
     result = _merge(table, measured)
@@ -145,7 +145,7 @@ def estimate(path: Path) -> pd.DataFrame:
         judged = [c for c in constraints if f"estimated_{c.metric}" in cols]
         cols["feasible_estimated"] = all(c.satisfied(cols[f"estimated_{c.metric}"]) for c in judged)
         found[str(tid)] = cols
-    for target in (path, run_dir / "trials.parquet"):
+    for target in (path, run_dir / RUN_TRIALS):
         if target.exists():
             write_parquet(_merge(pd.read_parquet(target), found), target)
     result = _merge(table, found)

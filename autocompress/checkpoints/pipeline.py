@@ -14,7 +14,7 @@ from autocompress.checkpoints.slicing import write_weights
 from autocompress.checkpoints.verification import verify_export, vllm_check
 from autocompress.config.compose import run_spec_of
 from autocompress.errors import ConfigError
-from autocompress.io import check_output, staged
+from autocompress.io import RUN_METADATA, RUN_PARETO, RUN_RANKING, RUN_TRIALS, check_output, staged
 from autocompress.model.base import load_base_model
 from autocompress.model.data import load_token_data
 
@@ -24,7 +24,7 @@ from autocompress.model.data import load_token_data
 def results_file(path: Path) -> Path:
     """The Parquet file to read: `path` itself, or a run folder's pareto.parquet."""
     if path.is_dir():
-        path = path / "pareto.parquet"
+        path = path / RUN_PARETO
     if not path.is_file():
         raise ConfigError(
             f"results file {path} does not exist; give a sweep run's pareto.parquet or trials.parquet (results/<scenario>/<run_id>/)"
@@ -67,7 +67,7 @@ def _with_trials_columns(path: Path, row: dict[str, Any]) -> dict[str, Any]:
     """`row` plus the columns only trials.parquet beside `path` has (e.g. costs `verify` measured)."""
     from autocompress.results.store import read_table
 
-    trials = path.parent / "trials.parquet"
+    trials = path.parent / RUN_TRIALS
     if path.name == trials.name or not trials.exists():
         return row
     df = read_table(trials)
@@ -76,7 +76,7 @@ def _with_trials_columns(path: Path, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_ranking(run_dir: Path, base: Architecture) -> Ranking:
-    path = run_dir / "ranking.safetensors"
+    path = run_dir / RUN_RANKING
     if not path.exists():
         raise ConfigError(f"{path} does not exist: this run was made before runs kept their importance ranking; run the sweep again")
     ranking = Ranking.load(path)
@@ -108,7 +108,7 @@ def export(req: ExportRequest) -> Exported:
     row = select_trial(path, req.trial, req.index, req.force)
     run_dir = path.parent
     spec = run_spec_of(run_dir)
-    meta = json.loads((run_dir / "metadata.json").read_text()) if (run_dir / "metadata.json").exists() else {}
+    meta = json.loads((run_dir / RUN_METADATA).read_text()) if (run_dir / RUN_METADATA).exists() else {}
     arch = Architecture.from_json(row["architecture"])
     loaded = load_base_model(spec.model)
     model, tokenizer = loaded.model, loaded.tokenizer

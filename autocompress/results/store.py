@@ -17,6 +17,7 @@ from autocompress.arch.space import Architecture
 from autocompress.config.schema import Constraint, RunSpec
 from autocompress.cost import COST_KEYS
 from autocompress.errors import AutoCompressError
+from autocompress.io import RUN_METADATA, RUN_PARETO, RUN_TRIALS
 
 # column -> (dtype, meaning); the README documents the same schema
 TRIAL_SCHEMA: dict[str, tuple[str, str]] = {
@@ -166,7 +167,7 @@ def load_metadata(run_dir: str | Path) -> dict[str, Any]:
     run = Path(run_dir)
     if not run.is_dir():
         raise RunFolderError(f"{run} is not a folder; give a sweep run folder (results/<scenario>/<run_id>)")
-    path = run / "metadata.json"
+    path = run / RUN_METADATA
     if not path.exists():
         raise RunFolderError(f"{path} does not exist; give a sweep run folder (results/<scenario>/<run_id>), not its parent")
     try:
@@ -207,12 +208,12 @@ def _read_parquet(run: Path, name: str) -> pd.DataFrame:
 
 def load_trials(run_dir: str | Path) -> pd.DataFrame:
     """trials.parquet with the documented dtypes (one row per trial)."""
-    return _read_parquet(Path(run_dir), "trials.parquet")
+    return _read_parquet(Path(run_dir), RUN_TRIALS)
 
 
 def load_pareto(run_dir: str | Path) -> pd.DataFrame:
     """pareto.parquet with the documented dtypes (the trial columns plus front_*)."""
-    return _read_parquet(Path(run_dir), "pareto.parquet")
+    return _read_parquet(Path(run_dir), RUN_PARETO)
 
 
 def load_run(run_dir: str | Path) -> Run:

@@ -23,13 +23,13 @@ from autocompress.cluster import (
 from autocompress.config.compose import plain
 from autocompress.config.schema import RunSpec
 from autocompress.errors import ConfigError
-from autocompress.io import write_json
+from autocompress.io import RUN_CONFIG, RUN_METADATA, RUN_PARETO, RUN_RANKING, RUN_TRIALS, write_json
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 OPTUNA_JOURNAL = "optuna.journal"
-RUN_FILES = ["config.yaml", "metadata.json", "ranking.safetensors", "trials.parquet", "pareto.parquet", OPTUNA_JOURNAL]
+RUN_FILES = [RUN_CONFIG, RUN_METADATA, RUN_RANKING, RUN_TRIALS, RUN_PARETO, OPTUNA_JOURNAL]
 # how a run executes, not what it computes: a resume may change these
 EXECUTION_KEYS = (
     "ray_address",
@@ -72,20 +72,20 @@ class RunFolder:
 
     def metadata(self) -> dict[str, Any]:
         try:
-            data: dict[str, Any] = json.loads((self.path / "metadata.json").read_text(encoding="utf-8"))
+            data: dict[str, Any] = json.loads((self.path / RUN_METADATA).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{self.path}/metadata.json is unreadable ({exc}); this run cannot be resumed, start a new one") from exc
         return data
 
     def write_metadata(self, meta: dict[str, Any]) -> None:
-        write_json(meta, self.path / "metadata.json")
+        write_json(meta, self.path / RUN_METADATA)
         self.mirror()
 
     def recorded_rows(self) -> list[dict[str, Any]]:
         """Rows of trials.parquet that finished (status ok): the trials a resume keeps."""
         import pandas as pd
 
-        path = self.path / "trials.parquet"
+        path = self.path / RUN_TRIALS
         if not path.exists():
             return []
         df = pd.read_parquet(path)
@@ -109,7 +109,7 @@ def git_sha() -> str | None:
 def new_run_dir(spec: RunSpec) -> Path:
     run_id = spec.run_id or dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(spec.results_dir).resolve() / spec.scenario.name / run_id
-    if (run_dir / "config.yaml").exists():
+    if (run_dir / RUN_CONFIG).exists():
         raise ConfigError(f"{run_dir} already exists; choose another results.run_id, or finish that run with resume=true")
     try:
         run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -196,10 +196,10 @@ def resume_target(current: dict[str, Any], resume: Any, overrides: list[str]) ->
         run_dir = results_dir.joinpath(*remote.split("/")[-2:])
     else:
         run_dir = Path(str(resume)).expanduser().resolve()
-    if not (run_dir / "config.yaml").exists() and not (remote and fetch_dir(remote, run_dir)):
+    if not (run_dir / RUN_CONFIG).exists() and not (remote and fetch_dir(remote, run_dir)):
         where = f"{run_dir} (nor {remote})" if remote else str(run_dir)
         raise ConfigError(f"resume={resume}: {where} holds no config.yaml; give the folder of a sweep run (results/<scenario>/<run_id>)")
-    loaded = OmegaConf.load(run_dir / "config.yaml")
+    loaded = OmegaConf.load(run_dir / RUN_CONFIG)
     assert isinstance(loaded, DictConfig)
     stored = plain(loaded)
     conflicts = _override_conflicts(current, stored, overrides)

@@ -28,7 +28,7 @@ from autocompress.cluster import (
 from autocompress.config.schema import METRICS, Constraint, LagrangianSettings, RunSpec
 from autocompress.cost import CostModel
 from autocompress.errors import ConfigError
-from autocompress.io import log, write_parquet, write_text
+from autocompress.io import RUN_CONFIG, RUN_PARETO, RUN_RANKING, RUN_TRIALS, log, write_parquet, write_text
 from autocompress.results.pareto import COST_DIRECTIONS, QUALITY, pareto_frame
 from autocompress.results.store import architecture_columns, feasibility_columns, trials_frame
 from autocompress.search.differentiable import SearchInputs, SearchResult
@@ -225,7 +225,7 @@ def _recorder(run: RunFolder, spec: RunSpec, rows: list[dict[str, Any]], total: 
 
         def _add(self, row: dict[str, Any]) -> None:
             rows.append(row)
-            write_parquet(trials_frame(rows), run.path / "trials.parquet")
+            write_parquet(trials_frame(rows), run.path / RUN_TRIALS)
             run.mirror()
 
     return TrialRecorder()
@@ -262,8 +262,8 @@ def _stopper(watch: PendingWatch) -> Any:
 def _start(spec: RunSpec, config_yaml: str, prepared: Prepared, definition: dict[str, Any], run: RunFolder) -> dict[str, Any]:
     """Fill the claimed run folder: config.yaml, ranking.safetensors, metadata.json (status running)."""
     run.path.mkdir(parents=True, exist_ok=True)
-    write_text(config_yaml, run.path / "config.yaml")
-    prepared.inputs.ranking.save(run.path / "ranking.safetensors")  # export slices weights in this order
+    write_text(config_yaml, run.path / RUN_CONFIG)
+    prepared.inputs.ranking.save(run.path / RUN_RANKING)  # export slices weights in this order
     return {
         "status": "running",
         "started": dt.datetime.now().isoformat(timespec="seconds"),
@@ -290,9 +290,9 @@ def _resume(run: RunFolder, prepared: Prepared) -> dict[str, Any]:
 
     meta = run.metadata()
     check_resumable(run.path, meta)
-    if not (run.path / "ranking.safetensors").exists():
+    if not (run.path / RUN_RANKING).exists():
         raise ConfigError(f"{run.path} holds no ranking.safetensors; this run cannot be resumed, start a new one")
-    prepared.inputs = dataclasses.replace(prepared.inputs, ranking=Ranking.load(run.path / "ranking.safetensors"))
+    prepared.inputs = dataclasses.replace(prepared.inputs, ranking=Ranking.load(run.path / RUN_RANKING))
     now = dt.datetime.now().isoformat(timespec="seconds")
     meta.update(status="running", resumed=[*meta.get("resumed", []), now], driver=driver_info())
     meta.pop("error", None)
@@ -370,7 +370,7 @@ def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -
             prepared = _prepare(spec)
             meta, rows = _start(spec, config_yaml, prepared, definition, run), []
         except BaseException:
-            if not (run.path / "config.yaml").exists():  # claimed, never started: a corrected rerun may take the id
+            if not (run.path / RUN_CONFIG).exists():  # claimed, never started: a corrected rerun may take the id
                 shutil.rmtree(run.path, ignore_errors=True)
             raise
     else:
@@ -386,8 +386,8 @@ def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -
             raise Interrupted(f"{len(rows)} of {spec.sweep.num_trials} trials recorded in {run.path / 'trials.parquet'}")
         trials = trials_frame(rows)
         pareto = pareto_frame(trials)
-        write_parquet(trials, run.path / "trials.parquet")
-        write_parquet(pareto, run.path / "pareto.parquet")
+        write_parquet(trials, run.path / RUN_TRIALS)
+        write_parquet(pareto, run.path / RUN_PARETO)
         meta.update(status="complete", finished=dt.datetime.now().isoformat(timespec="seconds"), sweep_wall_s=time.time() - start)
     except (KeyboardInterrupt, Interrupted) as exc:
         meta.update(status="interrupted", error=f"{type(exc).__name__}: {exc}", resume=f"resume={run.path}")
