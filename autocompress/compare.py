@@ -365,7 +365,7 @@ def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model],
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-@hydra_task
+@hydra_task("finished stages are kept in the output folder; rerun the same command to go on from them")
 def main(cfg: DictConfig) -> None:
     from autocompress.config.compose import plain
 

@@ -86,7 +86,7 @@ def profile_aiconfigurator(spec: RunSpec, workloads: list[Workload]) -> Path | N
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-@hydra_task
+@hydra_task("the measurements taken so far are kept; rerun the same command to go on without re-measuring them")
 def main(cfg: DictConfig) -> None:
     run_profile(run_spec_from_dict(plain(cfg)))
 

@@ -51,7 +51,7 @@ def resume_mode(data: dict[str, Any], resume: Any) -> str:
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-@hydra_task
+@hydra_task("stopped before the run folder was written; nothing to resume, rerun the command")
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from autocompress.config import cliargs
 from autocompress.config.cliargs import UsageError, guarded, run_command, task
 from autocompress.errors import ConfigError
 from autocompress.search.tune import Interrupted
@@ -30,16 +31,17 @@ def test_guarded_maps_each_ending(exc: BaseException | None, code: int, line: st
     assert "Traceback" not in err
 
 
-def test_a_hydra_task_and_an_argv_command_exit_alike(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_hydra_task_and_an_argv_command_exit_alike(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cliargs, "_TASK_STARTED", False)  # the tasks below set it; later tests see it as it was
     with pytest.raises(SystemExit) as stop:
-        task(lambda: _raise(ConfigError("scenario missing: add +scenario=NAME")))()
+        task("kept: x")(lambda: _raise(ConfigError("scenario missing: add +scenario=NAME")))()
     assert stop.value.code == 2
     assert capsys.readouterr().err == "error: scenario missing: add +scenario=NAME\n"
     with pytest.raises(SystemExit) as stop:
-        task(lambda: _raise(KeyboardInterrupt()))()
+        task("kept: x")(lambda: _raise(KeyboardInterrupt()))()
     assert stop.value.code == 130
-    assert capsys.readouterr().err == "interrupted: stopped\n"
-    task(lambda: None)()  # no exit when the task ends normally
+    assert capsys.readouterr().err == "interrupted: kept: x\n"
+    task("kept: x")(lambda: None)()  # no exit when the task ends normally
     assert run_command(["x"], "usage: cmd X", lambda args: _raise(ConfigError(f"no {args[0]}"))) == 2
     assert capsys.readouterr().err == "error: no x\n"
     assert run_command([], "usage: cmd X", lambda args: None) == 2  # no arguments: the usage

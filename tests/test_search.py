@@ -86,6 +86,20 @@ def test_homogeneous_rival_competes_with_the_search(prepared) -> None:  # type: 
     assert res.origin == "homogeneous" and res.architecture != res.searched
 
 
+def test_trials_reuse_the_prepared_rival_measurement_only_when_unchanged(prepared) -> None:  # type: ignore[no-untyped-def]
+    """A trial that leaves the prepared rival as it is takes its selection KL from prepare (a marker value here) instead
+    of measuring it again; a rival the trial's fill changed is measured."""
+    spec, p = prepared
+    marked = dataclasses.replace(p.inputs, homogeneous_select=(-1.0, 1.0))
+    res = run_search(p.base.model, marked, p.cost_model, dataclasses.replace(spec.search, fill=False), LagrangianSettings())
+    assert res.origin == "homogeneous" and res.architecture == p.inputs.homogeneous and res.kl_select == -1.0
+    drop_order = block_importance(p.base.model, p.inputs.calib[: spec.search.importance_sequences], progress=False).drop_order()
+    narrowest = homogeneous_full_kv(p.space, drop_order, p.cost_model, p.inputs.constraints)[-1]  # room to fill
+    unfilled = dataclasses.replace(marked, homogeneous=narrowest)
+    res = run_search(p.base.model, unfilled, p.cost_model, spec.search, LagrangianSettings())
+    assert res.kl_select >= 0 or res.architecture == narrowest  # the marker only ever stands for the unchanged rival
+
+
 def test_evaluate_matches_the_model_own_loss(prepared) -> None:  # type: ignore[no-untyped-def]
     """The unpruned model: KL to itself 0, perplexity exp(the Hugging Face model's own mean next-token loss)."""
     _, p = prepared

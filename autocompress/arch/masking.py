@@ -33,6 +33,13 @@ class Ranking:
     ffn: torch.Tensor  # [L, i] neuron ids per layer
     heads: torch.Tensor | None = None  # [L, nq] query-head ids per layer, KV group by group (None = index order)
 
+    def same_as(self, other: Ranking) -> bool:
+        """The same order of every unit (a resumed sweep's fresh ranking against the one its trials used)."""
+        heads = (self.heads is None and other.heads is None) or (
+            self.heads is not None and other.heads is not None and torch.equal(self.heads, other.heads)
+        )
+        return heads and torch.equal(self.hidden, other.hidden) and torch.equal(self.ffn, other.ffn)
+
     def head_order(self, num_layers: int, num_heads: int) -> torch.Tensor:
         """[L, nq]: per layer, group g's query heads (ids g*r .. g*r+r-1) most important first at positions g*r .."""
         if self.heads is not None:
@@ -139,7 +146,7 @@ class MaskedModel:
             onehot(torch.tensor(ffn), len(self.space.ffn)).float(),
             onehot(torch.tensor(q), len(self.space.heads)).float(),
         )
-        if skip_dropped:
+        if skip_dropped:  # exact as long as the no-op masks are: Llama's projections here carry no bias
             self._layers = self.model.model.layers
             kept = [layer for layer, b in zip(self._layers, arch.blocks, strict=True) if b.kv_heads or b.ffn]
             self.model.model.layers = torch.nn.ModuleList(kept)
@@ -148,6 +155,7 @@ class MaskedModel:
         """Back to the unpruned teacher."""
         self._masks = None
         if self._layers is not None:
+            assert len(self.model.model.layers) <= len(self._layers), "another MaskedModel changed the layers in between"
             self.model.model.layers = self._layers
             self._layers = None
 

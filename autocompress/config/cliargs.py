@@ -13,20 +13,24 @@ from autocompress.errors import AutoCompressError, ConfigError
 _TASK_STARTED = False
 
 
-def task(fn: Callable[..., None]) -> Callable[..., None]:
+def task(interrupted: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Mark a @hydra.main task function (put it under the decorator): once it runs, Hydra has composed the config.
-    Bad input and Ctrl-C end it as `guarded` says."""
+    Bad input and Ctrl-C end it as `guarded` says; `interrupted` is the line for a Ctrl-C that carries no message of its
+    own (what was kept, how to go on)."""
     import functools
 
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        global _TASK_STARTED
-        _TASK_STARTED = True
-        code = guarded(lambda: fn(*args, **kwargs), interrupted="stopped")
-        if code:
-            sys.exit(code)
+    def decorate(fn: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> None:
+            global _TASK_STARTED
+            _TASK_STARTED = True
+            code = guarded(lambda: fn(*args, **kwargs), interrupted=interrupted)
+            if code:
+                sys.exit(code)
 
-    return wrapper
+        return wrapper
+
+    return decorate
 
 
 def guarded(body: Callable[[], Any], usage: str | None = None, interrupted: str = "nothing was written") -> int:

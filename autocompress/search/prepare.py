@@ -76,7 +76,8 @@ def homogeneous_rival(
         return measured[a][0]
 
     head = inputs.select[:RIVAL_SCREEN], inputs.teacher_select[:RIVAL_SCREEN]
-    best = best_homogeneous(archs, on_select, lambda a: evaluate(model, masked, a, *head)[0], RIVAL_KEEP)
+    screen = None if len(inputs.select) <= RIVAL_SCREEN else (lambda a: evaluate(model, masked, a, *head)[0])  # no cheaper estimate
+    best = best_homogeneous(archs, on_select, screen, RIVAL_KEEP)
     if best is None:
         log("homogeneous rival: no full-width homogeneous shape meets the constraints")
         return None

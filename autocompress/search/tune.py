@@ -292,7 +292,10 @@ def _resume(run: RunFolder, prepared: Prepared) -> dict[str, Any]:
     check_resumable(run.path, meta)
     if not (run.path / RUN_RANKING).exists():
         raise ConfigError(f"{run.path} holds no ranking.safetensors; this run cannot be resumed, start a new one")
-    prepared.inputs = dataclasses.replace(prepared.inputs, ranking=Ranking.load(run.path / RUN_RANKING))
+    saved = Ranking.load(run.path / RUN_RANKING)
+    # the rival's selection KL was measured under the fresh ranking: trials measure it again under another one
+    select = prepared.inputs.homogeneous_select if saved.same_as(prepared.inputs.ranking) else None
+    prepared.inputs = dataclasses.replace(prepared.inputs, ranking=saved, homogeneous_select=select)
     now = dt.datetime.now().isoformat(timespec="seconds")
     meta.update(status="running", resumed=[*meta.get("resumed", []), now], driver=driver_info())
     meta.pop("error", None)
@@ -374,7 +377,10 @@ def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -
                 shutil.rmtree(run.path, ignore_errors=True)
             raise
     else:
-        prepared = _prepare(spec)
+        try:
+            prepared = _prepare(spec)
+        except KeyboardInterrupt as exc:  # the run folder is untouched so far
+            raise Interrupted(f"stopped while preparing the resume; {run.path} is unchanged: resume={run.path} again") from exc
         meta, rows = _resume(run, prepared), run.recorded_rows()
         definition = meta["sweep_definition"]  # the grid the run started with, even if sweeps/ changed since
         log(f"resuming {run.path}: {len(rows)} of {spec.sweep.num_trials} trials recorded, not run again")
@@ -383,7 +389,7 @@ def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -
     try:
         _fit(spec, definition, run, prepared, rows, attempt=len(meta.get("resumed", [])))
         if len(rows) < spec.sweep.num_trials:
-            raise Interrupted(f"{len(rows)} of {spec.sweep.num_trials} trials recorded in {run.path / 'trials.parquet'}")
+            raise Interrupted(f"{len(rows)} of {spec.sweep.num_trials} trials recorded in {run.path / RUN_TRIALS}")
         trials = trials_frame(rows)
         pareto = pareto_frame(trials)
         write_parquet(trials, run.path / RUN_TRIALS)
@@ -410,4 +416,4 @@ def print_summary(trials: Any, pareto: Any, run_dir: Path) -> None:
         table = pareto[cols].copy()
         table["params"] = (table["params"] / 1e6).round(1).astype(str) + "M"
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    print(f"\ntrials: {run_dir / 'trials.parquet'}\npareto: {run_dir / 'pareto.parquet'}")
+    print(f"\ntrials: {run_dir / RUN_TRIALS}\npareto: {run_dir / RUN_PARETO}")
