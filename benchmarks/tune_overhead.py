@@ -7,6 +7,10 @@ Warm, Ray is already up, as on a cluster the sweep joins. overhead = sweep_s / l
 side runs --repeats times, interleaved, and the medians are compared.
 
 .venv/bin/python benchmarks/tune_overhead.py --trials 8 --repeats 3 --out benchmarks/out/tune_overhead.json
+.venv/bin/python benchmarks/tune_overhead.py --main-job --threads 2 --sides loop,cold --out benchmarks/out/tune_overhead_main.json
+
+--main-job: the README's main job instead of the tiny model (SmolLM2-135M, +scenario=h100_batched, the default
+steps, calibration text and grid), one trial at a time with --threads torch threads on both sides.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 import torch
 
 from autocompress.config.compose import compose_spec
+from autocompress.config.cpuinfo import identity
 from autocompress.config.schema import RunSpec
 from autocompress.model.base import load_base_model
 from autocompress.search.differentiable import run_search
@@ -85,38 +90,50 @@ def through_sweep(spec: RunSpec, warm: bool) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trials", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=40, help="search steps per trial (the search default)")
+    parser.add_argument("--steps", type=int, default=None, help="search steps per trial (default: the search config's)")
+    parser.add_argument("--main-job", action="store_true", help="SmolLM2 in h100_batched (the README's main job), not the tiny model")
+    parser.add_argument("--sides", default="loop,cold,warm", help="which of loop, cold, warm to run (comma-separated)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per search (sweep.cpus_per_trial)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each side, interleaved; medians compared")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     load_before = os.getloadavg()
-    runs: dict[str, list[tuple[float, float]]] = {"loop": [], "cold": [], "warm": []}
+    sides = [side for side in ("loop", "cold", "warm") if side in args.sides.split(",")]
+    if "loop" not in sides:
+        parser.error("--sides must include loop (the overhead is against it)")
+    base = ["+scenario=h100_batched"] if args.main_job else TINY
+    runs: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
     for repeat in range(args.repeats):
         with tempfile.TemporaryDirectory() as results:
-            overrides = [f"search.steps={args.steps}", f"sweep.num_trials={args.trials}", f"sweep.cpus_per_trial={args.threads}"]
+            overrides = [f"sweep.num_trials={args.trials}", f"sweep.cpus_per_trial={args.threads}"]
+            overrides += [f"search.steps={args.steps}"] if args.steps else []
             overrides += ["sweep.max_concurrent_trials=1", f"results.dir={results}"]
-            runs["loop"].append(plain_loop(compose_spec(*TINY, *overrides)))
-            runs["cold"].append(through_sweep(compose_spec(*TINY, *overrides, f"results.run_id=cold{repeat}"), warm=False))
-            runs["warm"].append(through_sweep(compose_spec(*TINY, *overrides, f"results.run_id=warm{repeat}"), warm=True))
+            for side in sides:
+                if side == "loop":
+                    runs["loop"].append(plain_loop(compose_spec(*base, *overrides)))
+                else:
+                    spec = compose_spec(*base, *overrides, f"results.run_id={side}{repeat}")
+                    runs[side].append(through_sweep(spec, warm=side == "warm"))
     wall = {side: statistics.median(w for w, _ in done) for side, done in runs.items()}
     report: dict[str, Any] = {
+        "job": "main (SmolLM2-135M, h100_batched)" if args.main_job else "tiny",
         "trials": args.trials,
-        "steps": args.steps,
+        "steps": args.steps or compose_spec(*base).search.steps,
         "threads": args.threads,
         "repeats": args.repeats,
         "loop_s": round(wall["loop"], 2),
-        "sweep_cold_s": round(wall["cold"], 2),
-        "sweep_warm_s": round(wall["warm"], 2),
-        "overhead_cold": round(wall["cold"] / wall["loop"] - 1, 4),
-        "overhead_warm": round(wall["warm"] / wall["loop"] - 1, 4),
-        "overhead_cold_per_trial_s": round((wall["cold"] - wall["loop"]) / args.trials, 3),
-        "overhead_warm_per_trial_s": round((wall["warm"] - wall["loop"]) / args.trials, 3),
+    }
+    for side in sides[1:]:
+        report[f"sweep_{side}_s"] = round(wall[side], 2)
+        report[f"overhead_{side}"] = round(wall[side] / wall["loop"] - 1, 4)
+        report[f"overhead_{side}_per_trial_s"] = round((wall[side] - wall["loop"]) / args.trials, 3)
+    report |= {
         "runs": {side: [{"wall_s": round(w, 2), "search_s": round(s, 2)} for w, s in done] for side, done in runs.items()},
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "cpus": os.cpu_count(),
+        "cpu": identity(),
     }
     print(json.dumps(report, indent=2))
     if args.out:
