@@ -52,6 +52,10 @@ def test_two_trial_sweep_writes_parquet(tmp_path: Path, sweep: str, request: pyt
     assert trials["kl_select"].notna().all() and trials["kl"].notna().all() and (trials["kl_select"] != trials["kl"]).any()
     assert pareto["kl_select"].is_monotonic_increasing  # fronts are ranked on the selection split
     assert set(trials["origin"]) <= {"search", "homogeneous"}
+    own = trials[trials["origin"] == "search"]  # the search's own result is the row's where it was kept ...
+    assert (own["searched_kl_select"] == own["kl_select"]).all() and (own["searched_params"] == own["params"]).all()
+    rival = trials[trials["origin"] == "homogeneous"]  # ... and lost where the rival was kept
+    assert (rival["searched_kl_select"] > rival["kl_select"]).all()
     loaded_trials, loaded_pareto = results.load(run)
     assert len(loaded_trials) == 2 and len(loaded_pareto) == len(pareto)
     assert run_spec_of(run).scenario.name == "cpu_interactive"

@@ -60,6 +60,8 @@ TRIAL_SCHEMA: dict[str, tuple[str, str]] = {
         "string",
         "search | homogeneous: the search's own result or the filled homogeneous rival, the lower selection KL",
     ),
+    "searched_kl_select": ("float64", "selection-split KL of the search's own result, kept or not (= kl_select where origin is search)"),
+    "searched_params": ("int64", "parameter count of the search's own result, kept or not"),
     "wall_s": ("float64", "wall-clock seconds of the search"),
     "cost_model": ("string", "id of the cost model that predicted the costs"),
     "cost_model_extrapolated": ("bool", "the architecture or workload lies outside what the (fitted) cost model was measured on"),

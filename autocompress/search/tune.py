@@ -154,6 +154,8 @@ def trial_row(
     row.update(feasibility_columns(constraints, result.feasible))
     row.update(kl_select=result.kl_select, perplexity_select=result.perplexity_select, kl=result.kl, perplexity=result.perplexity)
     row.update(repair_steps=result.repair_steps, fill_steps=result.fill_steps, origin=result.origin, wall_s=result.wall_s)
+    own = result.searched or result.architecture
+    row.update(searched_kl_select=result.searched_kl_select, searched_params=own.num_params())
     row.update(cost_model=cost_model.id, cost_model_extrapolated=cost_model.extrapolates(result.architecture))
     return row
 
