@@ -397,7 +397,7 @@ def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -
         write_parquet(trials, run.path / RUN_TRIALS)
         write_parquet(pareto, run.path / RUN_PARETO)
         meta.update(status="complete", finished=dt.datetime.now().isoformat(timespec="seconds"), sweep_wall_s=time.time() - start)
-    except (KeyboardInterrupt, Interrupted) as exc:
+    except KeyboardInterrupt as exc:  # Interrupted (trials missing) is one too
         meta.update(status="interrupted", error=f"{type(exc).__name__}: {exc}", resume=f"resume={run.path}")
         raise Interrupted(f"{len(rows)} of {spec.sweep.num_trials} trials recorded; finish the run with resume={run.path}") from exc
     except BaseException as exc:
