@@ -33,7 +33,7 @@ from autocompress.config.schema import RunSpec
 from autocompress.model.base import load_base_model
 from autocompress.search.differentiable import run_search
 from autocompress.search.prepare import prepare
-from autocompress.search.tune import grid_points, load_definition, run_sweep, trial_row, trial_settings
+from autocompress.search.tune import grid_points, run_sweep, trial_row, trial_settings
 
 TINY = [
     "+scenario=cpu_interactive",
@@ -54,12 +54,11 @@ def plain_loop(spec: RunSpec) -> tuple[float, float]:
     """(wall seconds, seconds inside the searches) of prepare + every trial in this process."""
     start = time.perf_counter()
     prepared = prepare(spec, progress=False)
-    definition = load_definition(spec.sweep.definition)
     threads = int(spec.sweep.cpus_per_trial)  # as run_trial: the trial's CPUs are its torch threads
     torch.set_num_threads(threads)
     search = dataclasses.replace(spec.search, threads=threads)
     search_s = 0.0
-    for point in grid_points(definition["grid"], spec.sweep.num_trials, spec.search.settings.seed):
+    for point in grid_points(spec.sweep.definition["grid"], spec.sweep.num_trials, spec.search.settings.seed):
         settings = trial_settings(point, spec)
         model = load_base_model(spec.model).model
         result = run_search(model, prepared.inputs, prepared.cost_model, search, settings)

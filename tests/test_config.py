@@ -10,7 +10,7 @@ from hydra.errors import MissingConfigException
 from autocompress.config.build import run_spec_from_dict
 from autocompress.config.schema import Constraint
 from autocompress.errors import ConfigError
-from autocompress.search.tune import grid_points, load_definition
+from autocompress.search.tune import grid_points
 
 from .conftest import CONF, ROOT, TINY_CPU, compose_dict, compose_spec, run_cli
 
@@ -36,10 +36,20 @@ def test_every_hardware_composes(hardware: str) -> None:
     assert spec.scenario.hardware.name == hardware
 
 
-@pytest.mark.parametrize("sweep", ["default", "optuna"])
-def test_every_sweep_composes_and_its_definition_loads(sweep: str) -> None:
+@pytest.mark.parametrize(("sweep", "searcher"), [("default", "grid"), ("optuna", "optuna")])
+def test_every_sweep_composes_its_definition(sweep: str, searcher: str) -> None:
     spec = compose_spec("+scenario=h100_batched", f"sweep={sweep}")
-    assert load_definition(spec.sweep.definition)["searcher"] in ("grid", "optuna")
+    assert spec.sweep.definition["searcher"] == searcher
+
+
+def test_sweep_definitions_compose_as_a_hydra_group() -> None:
+    """One loader: the definition is the config group sweep/definition, chosen and edited by overrides;
+    a name in place of the group (how earlier run folders stored it) resolves to the same file."""
+    assert compose_spec("+scenario=h100_batched", "sweep=optuna", "sweep/definition=grid").sweep.definition["searcher"] == "grid"
+    edited = compose_spec("+scenario=h100_batched", "sweep.definition.grid.margin=[0,0.5]").sweep.definition
+    assert edited["grid"]["margin"] == [0, 0.5] and edited["grid"]["dual_lr"] == [0.5, 2.0]
+    by_name = compose_spec("+scenario=h100_batched", "sweep.definition=optuna_mo").sweep.definition
+    assert by_name == compose_spec("+scenario=h100_batched", "sweep=optuna").sweep.definition
 
 
 def test_documented_overrides() -> None:
@@ -103,8 +113,12 @@ def test_missing_scenario_and_unknown_names() -> None:
     for overrides in (["+scenario=nope"], ["+scenario=h100_batched", "model=nope"], ["+scenario=h100_batched", "hardware=nope"]):
         with pytest.raises(MissingConfigException, match="nope"):
             compose_dict(*overrides)
-    with pytest.raises(ConfigError, match=r"sweep\.definition"):
-        load_definition("nope")
+    with pytest.raises(ConfigError, match=r"sweep\.definition='nope' is not in conf/sweep/definition/"):
+        compose_spec("+scenario=h100_batched", "sweep.definition=nope")
+    with pytest.raises(ConfigError, match=r"sweep\.definition\.searcher must be grid or optuna"):
+        compose_spec("+scenario=h100_batched", "sweep.definition.searcher=bogus")
+    with pytest.raises(ConfigError, match=r"sweep\.definition\.grid must vary at least one Lagrangian setting; unknown: \['nope'\]"):
+        compose_spec("+scenario=h100_batched", "+sweep.definition.grid.nope=[1]")
 
 
 # ---------------------------------------------------------------------------------------- CLI

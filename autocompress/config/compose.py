@@ -22,8 +22,21 @@ def plain(cfg: DictConfig) -> dict[str, Any]:
     except Exception as exc:
         raise ConfigError(f"incomplete configuration: {exc}") from exc
     ray_cfg = data.pop("ray", None) or {}
-    data.setdefault("sweep", {})["ray_address"] = ray_cfg.get("address")
+    sweep = data.setdefault("sweep", {})
+    sweep["ray_address"] = ray_cfg.get("address")
+    if isinstance(sweep.get("definition"), str):
+        sweep["definition"] = _named_definition(sweep["definition"])
     return data
+
+
+def _named_definition(name: str) -> dict[str, Any]:
+    """sweep.definition given as a name: the run folders of earlier versions (which kept the
+    definitions in sweeps/), and `sweep.definition=NAME` typed in place of `sweep/definition=NAME`."""
+    path = CONF_DIR / "sweep" / "definition" / f"{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ConfigError(f"sweep.definition={name!r} is not in conf/sweep/definition/ {known}; choose one with sweep/definition=NAME")
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)  # type: ignore[return-value]
 
 
 def compose_dict(*overrides: str) -> dict[str, Any]:

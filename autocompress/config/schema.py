@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from autocompress.errors import ConfigError
@@ -292,6 +292,9 @@ class LagrangianSettings:
             raise ConfigError(f"search.settings.margin must be in [0, 1), got {self.margin!r}")
 
 
+SETTING_KEYS = [f.name for f in fields(LagrangianSettings)]
+
+
 @dataclass(frozen=True)
 class SearchSpec:
     """One differentiable search run: budget and batch shape."""
@@ -324,7 +327,9 @@ class SearchSpec:
 class SweepSpec:
     """How Ray Tune runs the searches."""
 
-    definition: str = "grid"  # a file in sweeps/ (name or path)
+    # What the trials vary: the sweep/definition config group (conf/sweep/definition/), e.g.
+    # {searcher: grid, grid: {margin: [...]}} or {searcher: optuna, space: {margin: {low, high}}}.
+    definition: Mapping[str, Any]
     num_trials: int = 8
     cpus_per_trial: float = 1.0
     gpus_per_trial: float = 0.0  # GPUs Ray reserves for each trial
@@ -339,6 +344,16 @@ class SweepSpec:
     optuna_storage: str | None = None  # None = a journal file in the run folder; or an Optuna storage URL
 
     def __post_init__(self) -> None:
+        searcher = self.definition.get("searcher")
+        if searcher not in ("grid", "optuna"):
+            raise ConfigError(f"sweep.definition.searcher must be grid or optuna, got {searcher!r}; choose one with sweep/definition=NAME")
+        params = self.definition.get("grid" if searcher == "grid" else "space") or {}
+        unknown = sorted(set(params) - set(SETTING_KEYS))
+        if unknown or not params:
+            kind = "grid" if searcher == "grid" else "space"
+            raise ConfigError(
+                f"sweep.definition.{kind} must vary at least one Lagrangian setting; unknown: {unknown}; known: {SETTING_KEYS}"
+            )
         _positive("sweep.num_trials", self.num_trials)
         _positive("sweep.cpus_per_trial", self.cpus_per_trial)
         _positive("sweep.gpus_per_trial", self.gpus_per_trial, allow_zero=True)

@@ -1,4 +1,4 @@
-"""Running a sweep's searches as Ray Tune trials: sweep definitions (sweeps/), one trial, recording trials as they finish,
+"""Running a sweep's searches as Ray Tune trials: sweep definitions (conf/sweep/definition/), one trial, recording trials as they finish,
 the driver that starts or resumes a run."""
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from autocompress import __version__
 from autocompress.cluster import (
     GIB,
@@ -25,7 +23,7 @@ from autocompress.cluster import (
     check_trial_fits,
     start_ray,
 )
-from autocompress.config.schema import METRICS, Constraint, LagrangianSettings, RunSpec
+from autocompress.config.schema import METRICS, SETTING_KEYS, Constraint, LagrangianSettings, RunSpec
 from autocompress.cost import CostModel
 from autocompress.errors import ConfigError
 from autocompress.io import RUN_CONFIG, RUN_PARETO, RUN_RANKING, RUN_TRIALS, log, write_parquet, write_text
@@ -33,33 +31,14 @@ from autocompress.results.pareto import COST_DIRECTIONS, QUALITY, pareto_frame
 from autocompress.results.store import architecture_columns, feasibility_columns, trials_frame
 from autocompress.search.differentiable import SearchInputs, SearchResult
 from autocompress.search.prepare import Prepared, prepare
-from autocompress.search.runfolder import OPTUNA_JOURNAL, PROJECT_ROOT, RunFolder, check_resumable, driver_info, git_sha, new_run_dir
-
-SETTING_KEYS = [f.name for f in dataclasses.fields(LagrangianSettings)]
+from autocompress.search.runfolder import OPTUNA_JOURNAL, RunFolder, check_resumable, driver_info, git_sha, new_run_dir
 
 
 class Interrupted(KeyboardInterrupt):
     """The sweep stopped before every trial was recorded (Ctrl-C, SIGTERM): resume it."""
 
 
-# --------------------------------------------------------------------------- sweep definitions (sweeps/)
-
-
-def load_definition(name: str) -> dict[str, Any]:
-    """A sweep definition: sweeps/<name>.yaml, or a path to a YAML file."""
-    path = Path(name) if name.endswith((".yaml", ".yml")) else PROJECT_ROOT / "sweeps" / f"{name}.yaml"
-    if not path.exists():
-        known = sorted(p.stem for p in (PROJECT_ROOT / "sweeps").glob("*.yaml"))
-        raise ConfigError(f"sweep.definition={name!r}: {path} does not exist; known definitions: {known}")
-    definition = yaml.safe_load(path.read_text()) or {}
-    searcher = definition.get("searcher")
-    if searcher not in ("grid", "optuna"):
-        raise ConfigError(f"{path}: searcher must be grid or optuna, got {searcher!r}")
-    params = definition.get("grid" if searcher == "grid" else "space") or {}
-    unknown = sorted(set(params) - set(SETTING_KEYS))
-    if unknown or not params:
-        raise ConfigError(f"{path}: vary at least one Lagrangian setting; unknown: {unknown}; known: {SETTING_KEYS}")
-    return definition
+# --------------------------------------------------------------------------- sweep definitions (conf/sweep/definition/)
 
 
 def grid_points(grid: dict[str, list[Any]], n: int, base_seed: int) -> list[dict[str, Any]]:
@@ -369,7 +348,7 @@ def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -
     run = RunFolder.of(spec, resume_dir or new_run_dir(spec))
     if resume_dir is None:
         try:
-            definition = load_definition(spec.sweep.definition)
+            definition = dict(spec.sweep.definition)
             if definition.get("searcher") == "optuna" and spec.sweep.optuna_storage:
                 optuna_storage(spec, run.path)  # a bad URL is refused here, not after the run folder is written
             prepared = _prepare(spec)
@@ -384,7 +363,7 @@ def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -
         except KeyboardInterrupt as exc:  # the run folder is untouched so far
             raise Interrupted(f"stopped while preparing the resume; {run.path} is unchanged: resume={run.path} again") from exc
         meta, rows = _resume(run, prepared), run.recorded_rows()
-        definition = meta["sweep_definition"]  # the grid the run started with, even if sweeps/ changed since
+        definition = meta["sweep_definition"]  # the grid the run started with, even if conf/sweep/definition/ changed since
         log(f"resuming {run.path}: {len(rows)} of {spec.sweep.num_trials} trials recorded, not run again")
     run.write_metadata(meta)
     start = time.time()
