@@ -35,7 +35,8 @@ from omegaconf import DictConfig, OmegaConf
 from autocompress.baselines.comparison import CompareJob, Model, job_from_dict, markdown, model_row, paired_bootstrap
 from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
-from autocompress.config.schema import Constraint, RunSpec
+from autocompress.config.metrics import Constraint
+from autocompress.config.schema import RunSpec
 from autocompress.errors import ConfigError
 from autocompress.io import RUN_TRIALS, check_writable, log, write_json, write_parquet, write_text
 from autocompress.quality.tasks import evaluation_paths

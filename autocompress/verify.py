@@ -26,7 +26,8 @@ from autocompress.arch.space import Architecture
 from autocompress.cluster import init_ray
 from autocompress.config.cliargs import guarded
 from autocompress.config.compose import run_spec_of
-from autocompress.config.schema import Constraint, RunSpec
+from autocompress.config.metrics import Constraint
+from autocompress.config.schema import RunSpec
 from autocompress.cost.engine import engine_settings, measure_many, measured_metrics, measured_spreads, require_vllm
 from autocompress.errors import ConfigError
 from autocompress.io import RUN_METADATA, RUN_PARETO, RUN_TRIALS, log, write_parquet

@@ -8,7 +8,7 @@ import pytest
 from hydra.errors import MissingConfigException
 
 from autocompress.config.build import run_spec_from_dict
-from autocompress.config.schema import Constraint
+from autocompress.config.metrics import Constraint
 from autocompress.errors import ConfigError
 from autocompress.search.tune import grid_points
 

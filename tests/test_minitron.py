@@ -20,7 +20,8 @@ from autocompress.baselines.minitron import (
     to_score,
     write_checkpoint,
 )
-from autocompress.config.schema import Constraint, Hardware, SpaceSpec, Workload
+from autocompress.config.metrics import Constraint
+from autocompress.config.schema import Hardware, SpaceSpec, Workload
 from autocompress.cost import AnalyticCostModel
 from autocompress.errors import InfeasibleError
 from autocompress.model.base import ByteTokenizer

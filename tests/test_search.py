@@ -10,7 +10,8 @@ import torch
 
 from autocompress.arch.importance import importance as block_importance
 from autocompress.arch.masking import MaskedModel
-from autocompress.config.schema import Constraint, LagrangianSettings
+from autocompress.config.metrics import Constraint
+from autocompress.config.schema import LagrangianSettings
 from autocompress.search.differentiable import evaluate, run_search, violation
 from autocompress.search.prepare import prepare
 from autocompress.search.rival import homogeneous_full_kv

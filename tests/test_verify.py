@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from autocompress.config.schema import Constraint
+from autocompress.config.metrics import Constraint
 from autocompress.cost.engine import measured_metrics
 from autocompress.verify import measured_columns
 

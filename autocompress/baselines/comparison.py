@@ -10,7 +10,8 @@ import pandas as pd
 
 from autocompress.baselines.minitron import MinitronSpec
 from autocompress.config.build import build, run_spec_from_dict
-from autocompress.config.schema import METRICS, Constraint, RunSpec
+from autocompress.config.metrics import METRICS, Constraint
+from autocompress.config.schema import RunSpec
 from autocompress.errors import ConfigError
 from autocompress.quality.distillation import DistillSpec
 from autocompress.quality.evaluation import EvalResult, EvalSpec

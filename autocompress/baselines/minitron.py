@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from autocompress.arch.importance import Importance, importance
 from autocompress.arch.masking import MaskedModel, Ranking
 from autocompress.arch.space import Architecture, SearchSpace
-from autocompress.config.schema import Constraint
+from autocompress.config.metrics import Constraint
 from autocompress.cost import CostModel
 from autocompress.errors import ConfigError, InfeasibleError
 from autocompress.search.differentiable import evaluate

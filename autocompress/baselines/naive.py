@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 
 from autocompress.arch.space import Architecture, Block, SearchSpace, uniform_shrink
-from autocompress.config.schema import Constraint
+from autocompress.config.metrics import Constraint
 from autocompress.cost import CostModel
 from autocompress.cost.base import meets
 

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from autocompress.arch.space import Architecture
-from autocompress.config.schema import Constraint
+from autocompress.config.metrics import Constraint
 from autocompress.results.pareto import COST_DIRECTIONS, pareto_mask
 from autocompress.results.store import Run, layers
 

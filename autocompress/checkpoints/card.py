@@ -8,7 +8,8 @@ from typing import Any
 
 from autocompress.arch.space import Architecture
 from autocompress.checkpoints.verification import Verification
-from autocompress.config.schema import METRICS, RunSpec
+from autocompress.config.metrics import METRICS
+from autocompress.config.schema import RunSpec
 from autocompress.model.decilm import vllm_limitation
 
 # --------------------------------------------------------------------------- model card

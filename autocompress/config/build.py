@@ -10,8 +10,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
+from autocompress.config.metrics import Constraint
 from autocompress.config.schema import (
-    Constraint,
     DataSpec,
     Hardware,
     ModelSpec,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from autocompress.arch.space import Architecture, SearchSpace
-from autocompress.config.schema import Constraint
+from autocompress.config.metrics import Constraint
 
 COST_KEYS = ("ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gib")  # what constraints bound
 PREDICTED_KEYS = (*COST_KEYS, "kv_capacity_tokens")  # what a cost model predicts

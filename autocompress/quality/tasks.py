@@ -152,12 +152,24 @@ def _piqa_lines(paths: list[Path]) -> Iterator[dict[str, Any]]:
 # --------------------------------------------------------------------------- the eight benchmarks
 
 
-def _hub_arc(task: str) -> Callable[[int, dict[str, Any]], Item]:
-    def convert(i: int, r: dict[str, Any]) -> Item:
+def _arc_task(task: str, subset: str) -> Task:
+    """ARC (Easy or Challenge): local files of lm-eval's fields, or the hub's ai2_arc rows (choices by label)."""
+
+    def from_hub(i: int, r: dict[str, Any]) -> Item:
         labels = list(r["choices"]["label"])
         return _choice(task, i, _question(r["question"]), list(r["choices"]["text"]), labels.index(r["answerKey"]))
 
-    return convert
+    return Task(
+        task,
+        "choice",
+        "acc_norm",
+        (f"benchmarks/{task}/{task}_test.jsonl",),
+        _jsonl,
+        ("allenai/ai2_arc", subset, "test"),
+        lambda i, r: _choice(task, i, _question(r["question"]), list(r["choices"]), r["gold"]),
+        from_hub,
+        task,
+    )
 
 
 def _hub_winogrande(i: int, r: dict[str, Any]) -> Item:
@@ -222,28 +234,8 @@ TASKS: dict[str, Task] = {
             lambda i, r: _choice("piqa", i, _question(r["goal"]), [r["sol1"], r["sol2"]], int(r["label"])),
             "piqa",
         ),
-        Task(
-            "arc_easy",
-            "choice",
-            "acc_norm",
-            ("benchmarks/arc_easy/arc_easy_test.jsonl",),
-            _jsonl,
-            ("allenai/ai2_arc", "ARC-Easy", "test"),
-            lambda i, r: _choice("arc_easy", i, _question(r["question"]), list(r["choices"]), r["gold"]),
-            _hub_arc("arc_easy"),
-            "arc_easy",
-        ),
-        Task(
-            "arc_challenge",
-            "choice",
-            "acc_norm",
-            ("benchmarks/arc_challenge/arc_challenge_test.jsonl",),
-            _jsonl,
-            ("allenai/ai2_arc", "ARC-Challenge", "test"),
-            lambda i, r: _choice("arc_challenge", i, _question(r["question"]), list(r["choices"]), r["gold"]),
-            _hub_arc("arc_challenge"),
-            "arc_challenge",
-        ),
+        _arc_task("arc_easy", "ARC-Easy"),
+        _arc_task("arc_challenge", "ARC-Challenge"),
         Task(
             "winogrande",
             "choice",

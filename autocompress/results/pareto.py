@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from autocompress.config.schema import METRICS
+from autocompress.config.metrics import METRICS
 
 QUALITY = "kl_select"  # selection-split KL to the teacher (lower is better); `kl` (report split) is what is reported
 # which way each cost is better, from the one metric table: an upper-bounded ("max") cost is minimised

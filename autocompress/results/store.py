@@ -14,7 +14,8 @@ from typing import Any
 import pandas as pd
 
 from autocompress.arch.space import Architecture
-from autocompress.config.schema import Constraint, RunSpec
+from autocompress.config.metrics import Constraint
+from autocompress.config.schema import RunSpec
 from autocompress.cost import COST_KEYS
 from autocompress.errors import AutoCompressError
 from autocompress.io import RUN_METADATA, RUN_PARETO, RUN_TRIALS

@@ -27,7 +27,8 @@ from tqdm.auto import tqdm
 
 from autocompress.arch.masking import MaskedModel, Ranking
 from autocompress.arch.space import Architecture, SearchSpace
-from autocompress.config.schema import Constraint, LagrangianSettings, SearchSpec
+from autocompress.config.metrics import Constraint
+from autocompress.config.schema import LagrangianSettings, SearchSpec
 from autocompress.cost import ArchDistribution, CostModel
 
 

@@ -13,7 +13,8 @@ from autocompress.arch.importance import importance as block_importance
 from autocompress.arch.importance import rank_units, teacher_hidden
 from autocompress.arch.masking import MaskedModel
 from autocompress.arch.space import Architecture, SearchSpace
-from autocompress.config.schema import Constraint, RunSpec, Scenario
+from autocompress.config.metrics import Constraint
+from autocompress.config.schema import RunSpec, Scenario
 from autocompress.cost import CostModel, get_cost_model
 from autocompress.errors import InfeasibleError
 from autocompress.io import log

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from autocompress.arch.space import Architecture, SearchSpace
-from autocompress.config.schema import Constraint
+from autocompress.config.metrics import Constraint
 from autocompress.cost import CostModel
 from autocompress.cost.base import meets
 

@@ -23,7 +23,8 @@ from autocompress.cluster import (
     check_trial_fits,
     start_ray,
 )
-from autocompress.config.schema import METRICS, SETTING_KEYS, Constraint, LagrangianSettings, RunSpec
+from autocompress.config.metrics import METRICS, Constraint
+from autocompress.config.schema import SETTING_KEYS, LagrangianSettings, RunSpec
 from autocompress.cost import CostModel
 from autocompress.errors import ConfigError
 from autocompress.io import RUN_CONFIG, RUN_PARETO, RUN_RANKING, RUN_TRIALS, log, write_parquet, write_text

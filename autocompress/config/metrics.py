@@ -1,0 +1,78 @@
+"""The metric vocabulary: the four serving metrics, the direction of each, and a bound on one (Constraint).
+
+Every module that names a metric or compares a cost against a bound takes it from here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from autocompress.errors import ConfigError
+
+METRICS: dict[str, str] = {
+    # metric -> sense of its constraint: "max" (upper bound) or "min" (lower bound)
+    "ttft_ms": "max",
+    "tpot_ms": "max",
+    "throughput_tok_s": "min",
+    "memory_gib": "max",
+}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A bound on one predicted metric; relative bounds are multiples of the base model's cost."""
+
+    metric: str
+    value: float
+    relative: bool = False
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise ConfigError(f"scenario.constraints.{self.metric} is not a known metric; use one of {sorted(METRICS)}")
+        if not math.isfinite(self.value):
+            raise ConfigError(f"scenario.constraints.{self.metric} must be a finite number, got {self.value!r}")
+        if self.value <= 0:
+            raise ConfigError(f"scenario.constraints.{self.metric} must be > 0, got {self.value!r}")
+
+    @property
+    def sense(self) -> str:
+        return METRICS[self.metric]
+
+    def resolve(self, base_costs: Mapping[str, float]) -> Constraint:
+        """The absolute form of this constraint, given the base model's predicted costs."""
+        if not self.relative:
+            return self
+        return Constraint(self.metric, self.value * float(base_costs[self.metric]), relative=False)
+
+    def satisfied(self, value: float, tol: float = 1e-9) -> bool:
+        if self.sense == "max":
+            return value <= self.value * (1 + tol)
+        return value >= self.value * (1 - tol)
+
+    def describe(self) -> str:
+        op = "<=" if self.sense == "max" else ">="
+        bound = f"{self.value:g}x base" if self.relative else f"{self.value:.4g}"
+        return f"{self.metric} {op} {bound}"
+
+    @staticmethod
+    def parse(metric: str, spec: Any) -> Constraint:
+        """`0.6x` (relative to the base model) or a plain number (absolute, in the metric's unit)."""
+        if isinstance(spec, bool):
+            raise ConfigError(f"scenario.constraints.{metric} must be a number or 'NUMx', got {spec!r}")
+        if isinstance(spec, int | float):
+            return Constraint(metric, float(spec), relative=False)
+        match = re.fullmatch(r"\s*([-+0-9.eE]+)\s*x\s*", str(spec))
+        if match is None:
+            raise ConfigError(
+                f"scenario.constraints.{metric}={spec!r} is not understood; write a number in the "
+                f"metric's unit (e.g. 12) or a multiple of the base model's cost (e.g. '0.6x')"
+            )
+        try:
+            value = float(match.group(1))
+        except ValueError as exc:
+            raise ConfigError(f"scenario.constraints.{metric}={spec!r}: bad number") from exc
+        return Constraint(metric, value, relative=True)
