@@ -101,6 +101,30 @@ def test_trials_reuse_the_prepared_rival_measurement_only_when_unchanged(prepare
     assert res.kl_select >= 0 or res.architecture == narrowest  # the marker only ever stands for the unchanged rival
 
 
+def test_a_trial_aiming_inside_its_bounds_meets_its_rival_there(prepared) -> None:  # type: ignore[no-untyped-def]
+    """The prepared rival sits at the bounds; a trial with margin m > 0 repairs it into the bounds tightened by m
+    before comparing (a cheaper point of the front, not back at the bound where the margin-0 trials are). Here
+    prepare's measurement is a marker (-1) that would win any comparison: the trial must neither keep the
+    prepared rival nor reuse that measurement for the repaired one."""
+    spec, p = prepared
+    margin = 0.03  # the tiny model's smallest architecture still fits inside; the prepared rival does not
+    tight = tuple(c.tightened(margin) for c in p.inputs.constraints)
+    at_bound = p.cost_model.predict(p.inputs.homogeneous)
+    assert not all(c.satisfied(at_bound[c.metric]) for c in tight)
+    marked = dataclasses.replace(p.inputs, homogeneous_select=(-1.0, 1.0))
+    res = run_search(p.base.model, marked, p.cost_model, dataclasses.replace(spec.search, fill=False), LagrangianSettings(margin=margin))
+    assert res.kl_select >= 0 and res.architecture != p.inputs.homogeneous
+    if res.origin == "homogeneous":
+        costs = p.cost_model.predict(res.architecture)
+        assert all(c.satisfied(costs[c.metric]) for c in tight)
+
+
+def test_constraint_tightened() -> None:
+    upper, lower = Constraint("tpot_ms", 10.0), Constraint("throughput_tok_s", 100.0)
+    assert upper.tightened(0.2).value == pytest.approx(8.0) and lower.tightened(0.2).value == pytest.approx(120.0)
+    assert upper.tightened(0.0) is upper
+
+
 def test_evaluate_matches_the_model_own_loss(prepared) -> None:  # type: ignore[no-untyped-def]
     """The unpruned model: KL to itself 0, perplexity exp(the Hugging Face model's own mean next-token loss)."""
     _, p = prepared

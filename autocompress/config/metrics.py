@@ -48,6 +48,12 @@ class Constraint:
             return self
         return Constraint(self.metric, self.value * float(base_costs[self.metric]), relative=False)
 
+    def tightened(self, margin: float) -> Constraint:
+        """This (absolute) bound moved `margin` inside: an upper bound times 1 - margin, a lower one times 1 + margin."""
+        if margin == 0:
+            return self
+        return Constraint(self.metric, self.value * (1 - margin if self.sense == "max" else 1 + margin), self.relative)
+
     def satisfied(self, value: float, tol: float = 1e-9) -> bool:
         if self.sense == "max":
             return value <= self.value * (1 + tol)

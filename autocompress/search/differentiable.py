@@ -350,12 +350,18 @@ def run_search(
             arch, fills = fill(arch, space, cost_model, cons, tuple(final), quality, settings.margin, spec.candidates)
         kl_select, ppl_select = evaluate(model, masked, arch, inputs.select, inputs.teacher_select)
         searched, searched_kl, origin = arch, kl_select, "search"
-        rival = inputs.homogeneous  # the best homogeneous shape, its slack spent the same way; only under bounds it meets
-        if rival is not None and all(feasibility(cons, cost_model.predict(rival)).values()):
+        # The rival: the best homogeneous shape, prepared at the bounds themselves. A trial that aims `margin` inside
+        # them (a cheaper point of the front) repairs it into the same tightened bounds first, so each trial's rival
+        # competes at that trial's cost, and then spends its slack the same way.
+        tight = tuple(c.tightened(settings.margin) for c in cons)
+        rival, rival_moves = inputs.homogeneous, 0
+        if rival is not None and settings.margin > 0:
+            rival, rival_moves = repair(rival, space, cost_model, tight, tuple(final), quality, spec.candidates)
+        if rival is not None and all(feasibility(tight, cost_model.predict(rival)).values()):
             rival_fills = 0
             if spec.fill:
                 rival, rival_fills = fill(rival, space, cost_model, cons, tuple(final), quality, settings.margin, spec.candidates)
-            if rival_fills == 0 and inputs.homogeneous_select is not None:
+            if rival_moves == 0 and rival_fills == 0 and inputs.homogeneous_select is not None:
                 rival_kl, rival_ppl = inputs.homogeneous_select  # the prepared rival, measured once for every trial
             else:
                 rival_kl, rival_ppl = evaluate(model, masked, rival, inputs.select, inputs.teacher_select)
