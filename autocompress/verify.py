@@ -133,6 +133,14 @@ def estimate(path: Path) -> pd.DataFrame:
     base = Architecture.from_llama_config(load_base_model(spec.model).model.config)
     space = SearchSpace.from_base(base, spec.search.space)
     est = Estimator(hw.aiconfigurator)
+    relative = {c.metric: c for c in spec.scenario.constraints if c.relative}
+    if relative:  # "1.5x base" under aiconfigurator means 1.5x aiconfigurator's estimate of the base model
+        base_est = est.served(base, wl, wave_batch(space, hw, wl, base), hw)
+        swept = {c.metric: c.value for c in constraints}
+        resolvable = {m: c for m, c in relative.items() if m in base_est}
+        constraints = tuple(resolvable[c.metric].resolve(base_est) if c.metric in resolvable else c for c in constraints)
+        moved = [f"{c.describe()} (the sweep's cost model: {swept[c.metric]:.4g})" for c in constraints if c.metric in resolvable]
+        log("relative bounds against aiconfigurator's estimate of the base model: " + "; ".join(moved))
     found: dict[str, dict[str, Any]] = {}
     for tid, text in zip(table["trial_id"], table["architecture"], strict=True):
         arch = Architecture.from_json(text)
@@ -144,6 +152,7 @@ def estimate(path: Path) -> pd.DataFrame:
         served = est.served(arch, wl, batch, hw)
         cols |= {f"estimated_{k}": served[k] for k in ("ttft_ms", "tpot_ms", "throughput_tok_s")}
         judged = [c for c in constraints if f"estimated_{c.metric}" in cols]
+        cols |= {f"estimated_bound_{c.metric}": c.value for c in judged}
         cols["feasible_estimated"] = all(c.satisfied(cols[f"estimated_{c.metric}"]) for c in judged)
         found[str(tid)] = cols
     for target in (path, run_dir / RUN_TRIALS):

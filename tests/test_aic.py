@@ -147,6 +147,19 @@ def test_verify_from_aiconfigurator_writes_estimated_columns_only(tmp_path: Path
     assert exc.value.code == 2 and (derived / "pareto.parquet").read_bytes() == before
 
 
+def test_verify_from_aiconfigurator_judges_relative_bounds_against_its_own_base_estimate(tmp_path: Path) -> None:
+    """h100_batched asks throughput >= 1.5x base and TTFT <= 0.7x base: judged by aiconfigurator, "base" is its estimate
+    of the base model, not the sweep's cost model's prediction (the absolute values the run folder holds, made absurd here)."""
+    from autocompress.verify import main
+
+    run = gpu_run(tmp_path / "h100_batched" / "r1", "h100_batched", {"throughput_tok_s": 1.0, "ttft_ms": 1e9})
+    main([str(run), "verify.source=aiconfigurator"])
+    table = pd.read_parquet(run / "pareto.parquet").set_index("trial_id")  # t0 is the base model itself
+    assert table["estimated_bound_throughput_tok_s"]["t0"] == pytest.approx(1.5 * table["estimated_throughput_tok_s"]["t0"])
+    assert table["estimated_bound_ttft_ms"]["t1"] == pytest.approx(0.7 * table["estimated_ttft_ms"]["t0"])
+    assert not table["feasible_estimated"]["t0"]  # the base model is never 1.5x itself
+
+
 def test_a_run_judged_by_the_analytic_model_keeps_it_after_fits_ship() -> None:
     """compare on a GPU run swept before the shipped fits: auto resolves to what judged its trials, not to the new fit."""
     from autocompress.compare import cost_model_choice
