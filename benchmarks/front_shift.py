@@ -45,11 +45,11 @@ def sweep(scenario: str, model: str, args: argparse.Namespace) -> tuple[Path, fl
     return run_dir, time.time() - start
 
 
-def judge(run_dir: Path, scenario: str, results_dir: str) -> list[dict[str, Any]]:
-    """Every point of a run's front under both cost models and aiconfigurator's estimate."""
+def judge(run_dir: Path, results_dir: str) -> list[dict[str, Any]]:
+    """Every point of a run's front under both cost models and aiconfigurator's estimate; each judge resolves a
+    relative bound ("1.5x base") against its own figure for the base model."""
     from autocompress.arch.space import Architecture, SearchSpace
     from autocompress.config.compose import run_spec_of
-    from autocompress.config.metrics import Constraint
     from autocompress.cost import get_cost_model
     from autocompress.cost.aic import Estimator
     from autocompress.cost.design import wave_batch
@@ -60,25 +60,29 @@ def judge(run_dir: Path, scenario: str, results_dir: str) -> list[dict[str, Any]
     hw, wl = spec.scenario.hardware, spec.scenario.workload
     base = Architecture.from_llama_config(load_base_model(spec.model).model.config)
     space = SearchSpace.from_base(base, spec.search.space)
-    models = {m: get_cost_model(space, spec.scenario, results_dir, m) for m in MODELS}
-    meta = load_metadata(run_dir)
-    constraints = tuple(Constraint(metric, float(c["value"])) for metric, c in meta["constraints"].items())  # absolute
-    est = Estimator(hw.aiconfigurator) if hw.aiconfigurator and not hw.aiconfigurator_derived else None
+    judges: dict[str, Any] = {m: get_cost_model(space, spec.scenario, results_dir, m).predict for m in MODELS}
+    if hw.aiconfigurator and not hw.aiconfigurator_derived:
+        est = Estimator(hw.aiconfigurator)
+
+        def served(arch: Architecture) -> dict[str, float]:
+            batch = wave_batch(space, hw, wl, arch)
+            return est.served(arch, wl, batch, hw) if batch >= 1 else {}
+
+        judges["aiconfigurator"] = served
+    bounds = {}
+    for name, cost_of in judges.items():
+        base_costs = cost_of(base)
+        bounds[name] = tuple(c.resolve(base_costs) for c in spec.scenario.constraints if c.metric in base_costs)
     rows = []
     for _, r in load_pareto(run_dir).iterrows():
         arch = Architecture.from_json(r["architecture"])
         row: dict[str, Any] = {k: r[k] for k in ("trial_id", "origin", "params", "kl_select", "kl", "margin", "dual_lr") if k in r}
-        for name, model in models.items():
-            costs = model.predict(arch)
-            row[f"{name}_costs"] = {c.metric: float(costs[c.metric]) for c in constraints}
-            row[f"feasible_{name}"] = all(c.satisfied(costs[c.metric]) for c in constraints)
-        if est is not None:
-            batch = wave_batch(space, hw, wl, arch)
-            served = est.served(arch, wl, batch, hw) if batch >= 1 else {}
-            judged = [c for c in constraints if c.metric in served]
-            row["aiconfigurator_costs"] = {c.metric: float(served[c.metric]) for c in judged}
-            row["feasible_aiconfigurator"] = batch >= 1 and all(c.satisfied(served[c.metric]) for c in judged)
+        for name, cost_of in judges.items():
+            costs = cost_of(arch)
+            row[f"{name}_costs"] = {c.metric: float(costs[c.metric]) for c in bounds[name] if c.metric in costs}
+            row[f"feasible_{name}"] = bool(costs) and all(c.satisfied(costs[c.metric]) for c in bounds[name])
         rows.append(row)
+    meta = load_metadata(run_dir)
     print(f"{run_dir}: {len(rows)} front points; cost model {meta.get('cost_model', {}).get('id')}", flush=True)
     return rows
 
@@ -114,7 +118,7 @@ def main() -> None:
         for model in MODELS:
             run_dir, seconds[model] = sweep(scenario, model, args)
             runs[model] = str(run_dir)
-            fronts[model] = judge(run_dir, scenario, args.results_dir)
+            fronts[model] = judge(run_dir, args.results_dir)
         result["scenarios"][scenario] = {"runs": runs, "sweep_seconds": seconds, "summary": summary(fronts), "fronts": fronts}
         print(json.dumps(result["scenarios"][scenario]["summary"], indent=1), flush=True)
     out = Path(args.out)
