@@ -314,7 +314,8 @@ def test_errored_trial_is_retried_then_recorded_with_its_error(tmp_path: Path) -
     (tmp_path / "fault").mkdir()
     (tmp_path / "fault" / "sitecustomize.py").write_text(FAULT)
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "fault"), "PYTHONUNBUFFERED": "1"}
-    args = [*TINY_RUN, "sweep.num_trials=4", "sweep.max_failures=1", f"results.dir={tmp_path}", "results.run_id=e"]
+    args = [*TINY_RUN, "sweep.num_trials=4", "sweep.definition.grid.margin=[0.0,0.1,0.2,0.3]", "sweep.definition.grid.dual_lr=[0.5]"]
+    args += ["sweep.max_failures=1", f"results.dir={tmp_path}", "results.run_id=e"]
     cmd = [sys.executable, "-m", "autocompress.sweep", *args]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
