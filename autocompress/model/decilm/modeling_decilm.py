@@ -186,6 +186,8 @@ class DeciLMForCausalLM(DeciLMPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
+    # The model's parameters are spelled out again rather than passed as **kwargs: transformers' generate
+    # reads this signature (attention_mask, position_ids, logits_to_keep) to decide what to pass.
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
