@@ -115,6 +115,8 @@ def test_missing_scenario_and_unknown_names() -> None:
             compose_dict(*overrides)
     with pytest.raises(ConfigError, match=r"sweep\.definition='nope' is not in conf/sweep/definition/"):
         compose_spec("+scenario=h100_batched", "sweep.definition=nope")
+    with pytest.raises(ConfigError, match=r"sweep\.definition must be a mapping"):
+        compose_spec("+scenario=h100_batched", "sweep.definition=5")
     with pytest.raises(ConfigError, match=r"sweep\.definition\.searcher must be grid or optuna"):
         compose_spec("+scenario=h100_batched", "sweep.definition.searcher=bogus")
     with pytest.raises(ConfigError, match=r"sweep\.definition\.grid must vary at least one Lagrangian setting; unknown: \['nope'\]"):

@@ -285,6 +285,9 @@ class SweepSpec:
     optuna_storage: str | None = None  # None = a journal file in the run folder; or an Optuna storage URL
 
     def __post_init__(self) -> None:
+        if not isinstance(self.definition, Mapping):
+            got = self.definition
+            raise ConfigError(f"sweep.definition must be a mapping, got {got!r}; choose one with sweep/definition=NAME")
         searcher = self.definition.get("searcher")
         if searcher not in ("grid", "optuna"):
             raise ConfigError(f"sweep.definition.searcher must be grid or optuna, got {searcher!r}; choose one with sweep/definition=NAME")
