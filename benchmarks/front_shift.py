@@ -76,7 +76,8 @@ def judge(run_dir: Path, results_dir: str) -> list[dict[str, Any]]:
     rows = []
     for _, r in load_pareto(run_dir).iterrows():
         arch = Architecture.from_json(r["architecture"])
-        row: dict[str, Any] = {k: r[k] for k in ("trial_id", "origin", "params", "kl_select", "kl", "margin", "dual_lr") if k in r}
+        keys = ("trial_id", "origin", "architecture", "params", "kl_select", "kl", "margin", "dual_lr")
+        row: dict[str, Any] = {k: r[k] for k in keys if k in r}
         for name, cost_of in judges.items():
             costs = cost_of(arch)
             row[f"{name}_costs"] = {c.metric: float(costs[c.metric]) for c in bounds[name] if c.metric in costs}
@@ -93,7 +94,7 @@ def summary(fronts: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         best = min(rows, key=lambda r: r["kl_select"]) if rows else None
         out[model] = {
             "points": len(rows),
-            "distinct_architectures": len({(r["params"], r["kl_select"]) for r in rows}),
+            "distinct_architectures": len({r["architecture"] for r in rows}),
             "feasible_under": {m: sum(bool(r.get(f"feasible_{m}")) for r in rows) for m in (*MODELS, "aiconfigurator")},
             "best": None if best is None else {k: best[k] for k in ("trial_id", "origin", "params", "kl_select", "kl") if k in best},
         }
