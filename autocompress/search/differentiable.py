@@ -77,9 +77,10 @@ class SearchResult:
 
 def violation(constraint: Constraint, value: torch.Tensor, margin: float = 0.0) -> torch.Tensor:
     """Normalised violation g: > 0 when violated. Upper bound b: value / (b (1 - m)) - 1; lower: 1 - value / (b (1 + m))."""
+    bound = constraint.tightened(margin).value
     if constraint.sense == "max":
-        return value / (constraint.value * (1 - margin)) - 1
-    return 1 - value / (constraint.value * (1 + margin))
+        return value / bound - 1
+    return 1 - value / bound
 
 
 def feasibility(constraints: tuple[Constraint, ...], costs: dict[str, float]) -> dict[str, bool]:
