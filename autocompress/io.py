@@ -58,6 +58,13 @@ def write_parquet(df: pd.DataFrame, path: Path) -> Path:
     return path
 
 
+def markdown(table: pd.DataFrame) -> str:
+    """A DataFrame as a Markdown table, values as str() gives them."""
+    lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join(lines)
+
+
 def write_text(text: str, path: Path) -> Path:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(text, encoding="utf-8")

@@ -33,7 +33,7 @@ from autocompress.charts.figures import (
 )
 from autocompress.charts.plots import plot_architectures, plot_pareto, save
 from autocompress.config.cliargs import guarded
-from autocompress.io import RUN_METADATA, check_writable, write_text
+from autocompress.io import RUN_METADATA, check_writable, markdown, write_text
 from autocompress.results.pareto import COST_DIRECTIONS
 from autocompress.results.store import Run, RunFolderError, load_run
 
@@ -78,10 +78,7 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def markdown_table(table: pd.DataFrame) -> str:
-    shown = display(table)
-    lines = ["| " + " | ".join(shown.columns) + " |", "|" + "---|" * len(shown.columns)]
-    lines += ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in shown.itertuples(index=False)]
-    return "\n".join(lines)
+    return markdown(display(table))
 
 
 def terminal_table(table: pd.DataFrame) -> str:

@@ -12,7 +12,7 @@ PKG = Path(__file__).resolve().parents[1] / "autocompress"
 STAGES = [
     "errors", "io", "cluster", "config", "arch", "model", "cost", "results", "search", "checkpoints", "quality", "baselines", "charts",
 ]  # fmt: skip
-COMMANDS = {"sweep", "profile", "verify", "export", "distill", "evaluate", "compare", "report"}
+COMMANDS = {"sweep", "profile", "verify", "export", "distill", "evaluate", "compare", "report", "plan"}
 
 
 def unit(module: str) -> str | None:

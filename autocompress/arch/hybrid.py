@@ -1,0 +1,170 @@
+"""Hybrid Mamba-2 / mixture-of-experts / attention models (Nemotron-H): a base model's shape, pruned shapes, their parameters.
+
+A Nemotron-H model is a stack of single-mixer blocks named by one letter of its pattern:
+`M` a Mamba-2 mixer, `E` a mixture of experts (routed experts in an optional latent width plus one
+shared expert), `*` attention, `-` a dense MLP. A pruned shape keeps the global widths that the
+Nemotron-H configuration can express (hidden size, query heads, Mamba heads, routed experts,
+expert and shared-expert widths: one value for all layers, since that configuration has no
+per-layer widths) and a number of blocks of each kind (depth). Widths are counted on arrays, so
+one call prices a whole grid of shapes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autocompress.errors import ConfigError
+
+KINDS = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
+SSM_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+WIDTHS = (
+    "hidden_size",
+    "num_attention_heads",
+    "mamba_num_heads",
+    "n_routed_experts",
+    "moe_intermediate_size",
+    "moe_shared_expert_intermediate_size",
+)
+
+
+@dataclass(frozen=True)
+class HybridModel:
+    """The base model, in the field names of Hugging Face's `NemotronHConfig` (what its config.json holds)."""
+
+    name: str
+    hybrid_override_pattern: str
+    hidden_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    mamba_num_heads: int
+    mamba_head_dim: int
+    ssm_state_size: int
+    n_groups: int
+    conv_kernel: int
+    n_routed_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    moe_shared_expert_intermediate_size: int
+    moe_latent_size: int | None = None
+    intermediate_size: int = 0  # dense MLP blocks ("-")
+    mamba_ssm_cache_dtype: str = "float32"
+    source: str = ""  # where these numbers come from
+
+    def __post_init__(self) -> None:
+        bad = sorted(set(self.hybrid_override_pattern) - set(KINDS))
+        if bad or not self.hybrid_override_pattern:
+            raise ConfigError(f"architecture.hybrid_override_pattern holds {bad or 'nothing'}; use the letters {''.join(KINDS)}")
+        if self.mamba_ssm_cache_dtype not in SSM_BYTES:
+            raise ConfigError(
+                f"architecture.mamba_ssm_cache_dtype={self.mamba_ssm_cache_dtype!r} is unknown; use one of {sorted(SSM_BYTES)}"
+            )
+        if self.num_experts_per_tok > self.n_routed_experts:
+            raise ConfigError("architecture.num_experts_per_tok must be <= n_routed_experts")
+
+    @staticmethod
+    def from_mapping(data: Mapping[str, Any], name: str = "") -> HybridModel:
+        """From a Nemotron-H config.json (or the same fields in YAML); other keys of the file are ignored."""
+        known = {f.name for f in fields(HybridModel)}
+        data = dict(data)
+        if "hybrid_override_pattern" not in data and isinstance(data.get("layers_block_type"), list):
+            letters = {"mamba": "M", "moe": "E", "attention": "*", "full_attention": "*", "mlp": "-"}
+            data["hybrid_override_pattern"] = "".join(letters.get(t, "?") for t in data["layers_block_type"])
+        data.setdefault("head_dim", data["hidden_size"] // data["num_attention_heads"] if "hidden_size" in data else 0)
+        missing = sorted(
+            k for k in known - {"name", "source", "moe_latent_size", "intermediate_size", "mamba_ssm_cache_dtype"} if k not in data
+        )
+        if missing:
+            raise ConfigError(f"the architecture lacks {', '.join(missing)}: is it a Nemotron-H (model_type nemotron_h) config?")
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["name"] = str(kwargs.get("name") or name or "hybrid")
+        return HybridModel(**kwargs)
+
+    @staticmethod
+    def from_file(path: str | Path) -> HybridModel:
+        """From a checkpoint folder's config.json or the file itself."""
+        p = Path(path).expanduser()
+        p = p / "config.json" if p.is_dir() else p
+        if not p.is_file():
+            raise ConfigError(f"architecture.path={path}: no such file (give a Nemotron-H config.json or the folder holding it)")
+        data = json.loads(p.read_text())
+        if data.get("model_type") not in (None, "nemotron_h"):
+            raise ConfigError(
+                f"architecture.path={path} is a {data.get('model_type')!r} model; the planner reads Nemotron-H (nemotron_h) configs"
+            )
+        return HybridModel.from_mapping(data, name=p.parent.name if p.name == "config.json" else p.stem)
+
+    def count(self, kind: str) -> int:
+        """Blocks of one kind ("mamba", "moe", "attention", "mlp")."""
+        return sum(KINDS[c] == kind for c in self.hybrid_override_pattern)
+
+    def base_shape(self) -> dict[str, np.ndarray]:
+        """The unpruned model as a one-row shape."""
+        shape = {k: np.array([getattr(self, k)]) for k in WIDTHS}
+        return shape | {f"{kind}_layers": np.array([self.count(kind)]) for kind in ("mamba", "moe", "attention", "mlp")}
+
+
+def parameters(model: HybridModel, s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Parameters of a shape by part, `total`, and `active` (those one token uses), as Hugging Face's NemotronH builds them.
+
+    h hidden, V vocab, per block a norm h plus its mixer:
+      mamba:     in_proj h*(2*di + 2*g*N + nh), conv1d (di + 2*g*N)*(K + 1), dt_bias/A_log/D 3*nh, norm di,
+                 out_proj di*h; di = nh * mamba_head_dim
+      attention: q and o 2*h*(nq*hd), k and v 2*h*(nkv*hd)
+      moe:       router E*h, routed experts E * 2*f*l (up and down, no gate; l = latent width, else h),
+                 latent projections 2*h*l (when latent), shared expert 2*h*s
+      mlp:       2*h*i
+    embedding V*h (+ untied LM head V*h), final norm h. Active: k of the E routed experts.
+    """
+    h = s["hidden_size"].astype(np.float64)
+    nh = s["mamba_num_heads"]
+    di = nh * model.mamba_head_dim
+    gn = 2 * model.n_groups * model.ssm_state_size
+    mamba = h * (2 * di + gn + nh) + (di + gn) * (model.conv_kernel + 1) + 3 * nh + di + di * h + h
+    q, kv = s["num_attention_heads"] * model.head_dim, model.num_key_value_heads * model.head_dim
+    attention = 2 * h * q + 2 * h * kv + h
+    experts, f = s["n_routed_experts"], s["moe_intermediate_size"]
+    latent = model.moe_latent_size or h
+    expert = 2.0 * f * latent
+    moe_fixed = experts * h + (2 * h * latent if model.moe_latent_size else 0) + 2 * h * s["moe_shared_expert_intermediate_size"] + h
+    mlp = 2 * h * model.intermediate_size + h
+    embed = model.vocab_size * h * (1 if model.tie_word_embeddings else 2) + h
+    parts = {
+        "embedding": embed,
+        "mamba": s["mamba_layers"] * mamba,
+        "attention": s["attention_layers"] * attention,
+        "moe_routed": s["moe_layers"] * experts * expert,
+        "moe_other": s["moe_layers"] * moe_fixed,
+        "mlp": s["mlp_layers"] * mlp,
+    }
+    total = sum(parts.values())
+    active = total - s["moe_layers"] * (experts - model.num_experts_per_tok) * expert
+    return parts | {"total": total, "active": active}
+
+
+def shape_config(model: HybridModel, shape: Mapping[str, Any]) -> dict[str, Any]:
+    """A Nemotron-H config (Hugging Face field names) for one shape, blocks of each kind dropped from the end of the stack.
+
+    Which blocks to drop needs the weights (block importance on calibration text); without them the
+    last blocks of each kind go, and the parameter count is the same whichever ones go.
+    """
+    keep = {kind: int(shape[f"{kind}_layers"]) for kind in ("mamba", "moe", "attention", "mlp")}
+    kept: list[str] = []
+    seen = dict.fromkeys(keep, 0)
+    for letter in model.hybrid_override_pattern:
+        kind = KINDS[letter]
+        if seen[kind] < keep[kind]:
+            kept.append(letter)
+        seen[kind] += 1
+    out = {f.name: getattr(model, f.name) for f in fields(model) if f.name not in ("name", "source")}
+    out |= {k: int(shape[k]) for k in WIDTHS}
+    out |= {"hybrid_override_pattern": "".join(kept), "num_hidden_layers": len(kept), "model_type": "nemotron_h"}
+    return out

@@ -1,0 +1,179 @@
+"""Analytic serving cost of hybrid Mamba / MoE / attention shapes: memory line by line, TTFT, TPOT, throughput.
+
+The same roofline and the same wave as the dense model (autocompress.cost.analytic): every
+operation takes max(FLOPs / (eta_c * peak), bytes / (eta_m * bandwidth)); a wave of B requests
+(the workload's concurrency, or fewer when memory cannot hold them) is prefilled in chunks of
+max_num_batched_tokens (TTFT), then decoded together at the mean context P + O/2 (TPOT);
+throughput = B * O / (TTFT + O * TPOT). What is new for hybrids:
+
+- MoE: a step reads only the experts its tokens touch. With top-k of E experts and routing taken
+  as uniform (no router statistics without weights), m tokens touch u(m) = E * (1 - (1 - k/E)^m)
+  distinct experts: bytes follow u(m) experts, FLOPs the k active ones per token, and each
+  expert's matmul has m*k/u(m) rows. Memory holds all E.
+- Mamba-2: a fixed state per sequence, nh * p * N values in mamba_ssm_cache_dtype plus the
+  convolution's last K-1 inputs, read and written every decode step, instead of a KV cache that
+  grows with the context. Prefill runs the chunked scan (chunk L): 2 * T * nh * (L * (N + p) + 2 * N * p) FLOPs.
+- Attention: the KV cache as in the dense model, only in the attention blocks.
+
+Shapes are dicts of equal-length arrays (see autocompress.arch.hybrid), so one call prices a grid.
+Nothing here is fitted to a hybrid model served by an engine: the efficiencies are the hardware's
+(or the dense fit's, see autocompress.plan), and the prediction is labelled analytic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from autocompress.arch.hybrid import SSM_BYTES, HybridModel, parameters
+from autocompress.config.schema import Hardware, Workload
+
+GIB = 1024.0**3
+Shape = Mapping[str, np.ndarray]
+
+
+def touched(experts: np.ndarray, k: int, tokens: np.ndarray | float) -> np.ndarray:
+    """Expected distinct experts that `tokens` tokens route to, each picking k of E at random: E * (1 - (1 - k/E)^tokens)."""
+    e = np.asarray(experts, dtype=np.float64)
+    return e * (1.0 - (1.0 - k / e) ** tokens)
+
+
+class HybridCost:
+    """Roofline cost of Nemotron-H shapes on one device under one workload."""
+
+    def __init__(self, model: HybridModel, hardware: Hardware, workload: Workload, chunk: int = 128) -> None:
+        self.model, self.hw, self.wl, self.chunk = model, hardware, workload, chunk
+        self._flops = hardware.eta_compute * hardware.peak_tflops * 1e12
+        self._prefill_flops = (hardware.prefill_eta_compute or hardware.eta_compute) * hardware.peak_tflops * 1e12
+        self._attn_flops = (hardware.prefill_attn_eta or 0) * hardware.peak_tflops * 1e12 or self._prefill_flops
+        self._bw = hardware.eta_memory * hardware.mem_bandwidth_gbs * 1e9
+
+    def _time(self, flops: np.ndarray, nbytes: np.ndarray, rows: np.ndarray | float, rate: float | None = None) -> np.ndarray:
+        """Seconds: max(FLOPs / achieved FLOP/s, bytes / achieved bandwidth); few rows reach rows / (rows + m0) of the FLOP/s."""
+        achieved = (rate or self._flops) * rows / (rows + self.hw.gemm_half_rows)
+        return np.maximum(flops / achieved, nbytes / self._bw)
+
+    def _widths(self, s: Shape) -> dict[str, np.ndarray]:
+        """Weight counts of one block's matmuls: mamba projections, attention projections, expert, router, latent, shared."""
+        m, h = self.model, s["hidden_size"].astype(np.float64)
+        di = s["mamba_num_heads"] * m.mamba_head_dim
+        latent = m.moe_latent_size or h
+        return {
+            "mamba": h * (2 * di + 2 * m.n_groups * m.ssm_state_size + s["mamba_num_heads"]) + di * h,
+            "attention": 2 * h * s["num_attention_heads"] * m.head_dim + 2 * h * m.num_key_value_heads * m.head_dim,
+            "expert": 2.0 * s["moe_intermediate_size"] * latent,
+            "moe_dense": h * s["n_routed_experts"]
+            + (2 * h * latent if m.moe_latent_size else 0)
+            + 2 * h * s["moe_shared_expert_intermediate_size"],
+            "head": h * m.vocab_size,
+        }
+
+    def state_bytes(self, s: Shape) -> np.ndarray:
+        """Mamba state of one sequence, all Mamba blocks: nh * p * N * ssm bytes + (K - 1) * (nh * p + 2 * g * N) * weight bytes."""
+        m = self.model
+        di = s["mamba_num_heads"] * m.mamba_head_dim
+        per_layer = di * m.ssm_state_size * SSM_BYTES[m.mamba_ssm_cache_dtype]
+        per_layer = per_layer + (m.conv_kernel - 1) * (di + 2 * m.n_groups * m.ssm_state_size) * self.wl.weight_bytes
+        return s["mamba_layers"] * per_layer
+
+    def memory(self, s: Shape) -> dict[str, np.ndarray]:
+        """GiB by line: weights (by part), KV cache, Mamba state, workspace, engine overhead, and their sum `memory_gib`.
+
+        KV cache: attention blocks * 2 * nkv * hd * kv bytes per token, for max(context_len, concurrency * (P + O))
+        tokens (as the dense model); Mamba state: concurrency sequences; workspace: fp32 buffers of a
+        prefill chunk, 4 * (4 * M * h + rows * V) bytes.
+        """
+        m, wl, hw = self.model, self.wl, self.hw
+        params = parameters(m, s)
+        lines = {f"weights_{k}_gib": v * wl.weight_bytes / GIB for k, v in params.items() if k not in ("total", "active")}
+        kv_token = s["attention_layers"] * 2.0 * m.num_key_value_heads * m.head_dim * wl.kv_bytes
+        tokens = max(wl.context_len, wl.concurrency * (wl.prompt_len + wl.output_len))
+        rows = min(hw.max_num_batched_tokens, wl.concurrency)
+        workspace = 4.0 * (4 * hw.max_num_batched_tokens * s["hidden_size"] + rows * m.vocab_size)
+        lines |= {
+            "weights_gib": params["total"] * wl.weight_bytes / GIB,
+            "kv_cache_gib": kv_token * tokens / GIB,
+            "mamba_state_gib": wl.concurrency * self.state_bytes(s) / GIB,
+            "workspace_gib": workspace / GIB,
+            "overhead_gib": np.full_like(workspace, hw.memory_overhead_gib),
+        }
+        lines["memory_gib"] = np.sum(
+            [lines[k] for k in ("weights_gib", "kv_cache_gib", "mamba_state_gib", "workspace_gib", "overhead_gib")], axis=0
+        )
+        return lines
+
+    def _decode(self, s: Shape, batch: np.ndarray) -> np.ndarray:
+        """Seconds of one decode step of `batch` sequences at context C = P + O/2, summed over blocks (formulas above)."""
+        m, wl, hw = self.model, self.wl, self.hw
+        w, wb, block = self._widths(s), wl.weight_bytes, hw.block_overhead_us * 1e-6
+        ctx = wl.prompt_len + wl.output_len / 2
+        di = s["mamba_num_heads"] * m.mamba_head_dim
+        mamba = self._time(2 * batch * w["mamba"], wb * w["mamba"], batch)
+        mamba = mamba + self._time(
+            6 * batch * di * m.ssm_state_size, 2 * batch * self.state_bytes(s) / np.maximum(s["mamba_layers"], 1), batch
+        )
+        q = s["num_attention_heads"] * m.head_dim
+        attn = self._time(2 * batch * w["attention"], wb * w["attention"], batch)
+        attn = attn + self._time(4 * batch * q * ctx, batch * ctx * 2 * m.num_key_value_heads * m.head_dim * wl.kv_bytes, batch)
+        u = touched(s["n_routed_experts"], m.num_experts_per_tok, batch)
+        k = m.num_experts_per_tok
+        moe = self._time(2 * batch * k * w["expert"], wb * u * w["expert"], batch * k / u)
+        moe = moe + self._time(2 * batch * w["moe_dense"], wb * w["moe_dense"], batch)
+        head = self._time(2 * batch * w["head"], wb * w["head"], batch) + hw.step_overhead_ms * 1e-3
+        blocks = s["mamba_layers"] * (mamba + block) + s["attention_layers"] * (attn + block) + s["moe_layers"] * (moe + block)
+        return head + blocks
+
+    def _prefill(self, s: Shape, batch: np.ndarray) -> np.ndarray:
+        """Seconds to prefill `batch` prompts of P tokens: T = B * P tokens in ceil(T / M) chunks of M, summed over blocks."""
+        m, wl, hw = self.model, self.wl, self.hw
+        w, wb, p = self._widths(s), wl.weight_bytes, wl.prompt_len
+        tokens = batch * p
+        chunks = np.ceil(tokens / hw.max_num_batched_tokens)
+        rows = tokens / chunks
+        block_us = hw.block_overhead_us if hw.prefill_block_overhead_us is None else hw.prefill_block_overhead_us
+        block = chunks * block_us * 1e-6
+        pf = self._prefill_flops
+        nh, hp, n = s["mamba_num_heads"], m.mamba_head_dim, m.ssm_state_size
+        scan = 2 * tokens * nh * (self.chunk * (n + hp) + 2 * n * hp)
+        mamba = self._time(2 * tokens * w["mamba"], chunks * wb * w["mamba"], rows, pf) + self._time(
+            scan, 2 * tokens * nh * hp * wb, rows, pf
+        )
+        kv_bytes = tokens * 2 * m.num_key_value_heads * m.head_dim * wl.kv_bytes
+        q = s["num_attention_heads"] * m.head_dim
+        attn = self._time(2 * tokens * w["attention"], chunks * wb * w["attention"] + kv_bytes, rows, pf)
+        attn = attn + self._time(2 * batch * q * p * p, kv_bytes, p, self._attn_flops)
+        k = m.num_experts_per_tok
+        u = touched(s["n_routed_experts"], k, rows)
+        moe = self._time(2 * tokens * k * w["expert"], chunks * wb * u * w["expert"], rows * k / u, pf)
+        moe = moe + self._time(2 * tokens * w["moe_dense"], chunks * wb * w["moe_dense"], rows, pf)
+        overhead = hw.step_overhead_ms if hw.prefill_overhead_ms is None else hw.prefill_overhead_ms
+        head = self._time(2 * batch * w["head"], wb * w["head"], batch, pf) + chunks * overhead * 1e-3
+        blocks = s["mamba_layers"] * (mamba + block) + s["attention_layers"] * (attn + block) + s["moe_layers"] * (moe + block)
+        return head + blocks
+
+    def predict(self, s: Shape, whole_wave: bool = False) -> dict[str, np.ndarray]:
+        """Memory lines, parameters, `sequences_fit` (how many sequences memory holds), batch, TTFT, TPOT, throughput.
+
+        The batch is the workload's concurrency or the sequences that fit, whichever is smaller; `whole_wave`
+        prices the whole wave even where it does not fit (the base model that relative bounds refer to).
+        """
+        m, wl, hw = self.model, self.wl, self.hw
+        out = self.memory(s)
+        params = parameters(m, s)
+        kv_token = s["attention_layers"] * 2.0 * m.num_key_value_heads * m.head_dim * wl.kv_bytes
+        free = hw.memory_utilization * hw.memory_gib * GIB - (out["weights_gib"] + out["workspace_gib"] + out["overhead_gib"]) * GIB
+        per_sequence = kv_token * (wl.prompt_len + wl.output_len) + self.state_bytes(s)
+        fits = free / np.maximum(per_sequence, 1.0)
+        batch = np.full_like(fits, wl.concurrency) if whole_wave else np.clip(np.minimum(fits, wl.concurrency), 1e-3, None)
+        ttft, tpot = self._prefill(s, batch), self._decode(s, batch)
+        throughput = np.where((fits >= 1) | whole_wave, batch * wl.output_len / (ttft + wl.output_len * tpot), 0.0)
+        return out | {
+            "params": params["total"],
+            "active_params": params["active"],
+            "sequences_fit": fits,
+            "batch": batch,
+            "ttft_ms": ttft * 1e3,
+            "tpot_ms": tpot * 1e3,
+            "throughput_tok_s": throughput,
+        }

@@ -1,0 +1,282 @@
+"""`python -m autocompress.plan +scenario=b200_longctx`: which pruned shapes of a hybrid MoE model fit a deployment, with no weights.
+
+The cost-model side of the search for a model known only by its architecture (default: Nemotron 3
+Super 120B-A12B, conf/architecture/): every shape of a Minitron-style grid (global widths and
+depth, ModelOpt's limits and divisors; conf/plan.yaml) is priced by the hybrid roofline
+(autocompress.cost.hybrid); the feasible ones (every scenario constraint met, relative bounds
+taken against the unpruned model, and the device's memory share holding the workload) are ranked
+by parameters kept, the order in which ModelOpt's Minitron takes candidates to its score
+function. That ranking is an explicit prior, not a measurement: without weights every unit counts
+as equally important (uniform importance), so more parameters kept ranks higher; a real search
+ranks by distillation loss on calibration text. Writes plan.parquet (the feasible
+shapes, most parameters first), plan.md (the table and the memory accounting, line by line, of
+the unpruned model and of the first shape) and metadata.json under results/<scenario>/plan-<run_id>/.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import itertools
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig
+
+from autocompress.arch.hybrid import WIDTHS, HybridModel, shape_config
+from autocompress.config.build import scenario_from_dict
+from autocompress.config.cliargs import hydra_entry
+from autocompress.config.cliargs import task as hydra_task
+from autocompress.config.compose import plain
+from autocompress.config.metrics import Constraint
+from autocompress.config.schema import Hardware, Scenario
+from autocompress.cost.fitted import FITTED, latest_record
+from autocompress.cost.hybrid import HybridCost
+from autocompress.errors import ConfigError, InfeasibleError
+from autocompress.io import check_writable, log, markdown, write_json, write_parquet, write_text
+from autocompress.search.runfolder import git_sha
+
+STEPS = ("hidden_step", "mamba_head_step", "expert_step", "expert_ffn_step", "shared_ffn_step", "depth_step")
+AXES = {  # width -> the plan key of its step
+    "hidden_size": "hidden_step",
+    "mamba_num_heads": "mamba_head_step",
+    "n_routed_experts": "expert_step",
+    "moe_intermediate_size": "expert_ffn_step",
+    "moe_shared_expert_intermediate_size": "shared_ffn_step",
+}
+
+
+def _options(base: int, step: int, width_limit: float) -> list[int]:
+    """base, base - step, ... down to (1 - width_limit) * base."""
+    return [w for w in range(base, 0, -step) if w >= (1 - width_limit) * base - 1e-9]
+
+
+def grid(model: HybridModel, plan: Mapping[str, Any], width_limit: float, depth_limit: float) -> dict[str, np.ndarray]:
+    """Every shape of the grid as equal-length arrays: the five searched widths x (Mamba, MoE) blocks dropped.
+
+    Query heads stay at the base count (8 attention blocks, 0.2 % of Nemotron 3 Super's weights), KV
+    heads too (ModelOpt does not prune them); attention and dense MLP blocks are all kept.
+    """
+    widths = {k: _options(getattr(model, k), int(plan[step]), width_limit) for k, step in AXES.items()}
+    widths["mamba_num_heads"] = [h for h in widths["mamba_num_heads"] if h % model.n_groups == 0]
+    budget = int(depth_limit * len(model.hybrid_override_pattern))
+    step = int(plan["depth_step"])
+    drops = [(a, b) for a in range(0, budget + 1, step) for b in range(0, budget + 1, step) if a + b <= budget]
+    drops = [(a, b) for a, b in drops if a <= model.count("mamba") and b <= model.count("moe")]
+    rows = np.array(list(itertools.product(*widths.values(), range(len(drops)))), dtype=np.int64)  # [n, 5 widths + drop index]
+    dropped = np.array(drops, dtype=np.int64)[rows[:, -1]]  # [n, 2]: Mamba, MoE blocks dropped
+    cols = {k: rows[:, i] for i, k in enumerate(widths)}
+    cols["mamba_layers"] = model.count("mamba") - dropped[:, 0]
+    cols["moe_layers"] = model.count("moe") - dropped[:, 1]
+    n = len(rows)
+    return cols | {
+        "num_attention_heads": np.full(n, model.num_attention_heads),
+        "attention_layers": np.full(n, model.count("attention")),
+        "mlp_layers": np.full(n, model.count("mlp")),
+    }
+
+
+def hardware_terms(hw: Hardware, choice: str) -> tuple[Hardware, str]:
+    """The hardware with the efficiencies the plan uses, and where they come from."""
+    if choice not in ("auto", "analytic"):
+        raise ConfigError(f"cost_model={choice!r}: the planner takes auto or analytic (fitted files are fitted to dense models)")
+    record = latest_record(None, hw.name, hw.engine) if choice == "auto" and not hw.cpu else None
+    if record is None:
+        return hw, f"analytic/{hw.name} (the hardware file's efficiencies)"
+    terms = {k: v for k, v in record["parameters"].items() if k in FITTED}
+    source = record.get("source_kind") or "engine"
+    return dataclasses.replace(
+        hw, **terms
+    ), f"analytic/{hw.name}, efficiencies of the dense-model fit {record['hardware']}/{source} (shipped)"
+
+
+def evaluate(cost: HybridCost, shapes: Mapping[str, np.ndarray], constraints: tuple[Constraint, ...]) -> pd.DataFrame:
+    """Every shape with its predictions, `fits_device` and `feasible` (that, and each constraint met).
+
+    Fitting the device: the engine's memory share holds the weights, the workload's whole wave and a
+    KV cache for context_len tokens (vLLM refuses to start where one max-length sequence does not fit).
+    """
+    out = cost.predict(shapes)
+    df = pd.DataFrame({**shapes, **out})
+    share = cost.hw.memory_utilization * cost.hw.memory_gib
+    df["fits_device"] = (df["sequences_fit"] >= cost.wl.concurrency) & (df["memory_gib"] <= share * (1 + 1e-9))
+    ok = df["fits_device"].copy()
+    for c in constraints:
+        ok &= df[c.metric] <= c.value * (1 + 1e-9) if c.sense == "max" else df[c.metric] >= c.value * (1 - 1e-9)
+    df["feasible"] = ok
+    return df
+
+
+def search(model: HybridModel, scenario: Scenario, cost: HybridCost, plan: Mapping[str, Any]) -> dict[str, Any]:
+    """The feasible shapes, most parameters first, widening ModelOpt's limits by 0.1 until one is feasible."""
+    base = cost.predict(model.base_shape(), whole_wave=True)
+    base_costs = {k: float(v[0]) for k, v in base.items()}
+    constraints = tuple(c.resolve(base_costs) for c in scenario.constraints)
+    width, depth = float(plan["max_width_pruning"]), float(plan["max_depth_pruning"])
+    while True:
+        table = evaluate(cost, grid(model, plan, width, depth), constraints)
+        feasible = table[table["feasible"]]
+        if len(feasible) or (width >= 0.9 and depth >= 0.9):
+            break
+        width, depth = min(width + 0.1, 0.9), min(depth + 0.1, 0.9)
+    if feasible.empty:
+        bounds = ", ".join(c.describe() for c in constraints)
+        raise InfeasibleError(f"no shape of {model.name} meets {bounds} on {scenario.hardware.name} even at 90 % width and depth pruning")
+    feasible = feasible.sort_values(["params", "tpot_ms"], ascending=[False, True])
+    return {
+        "base": base_costs,
+        "constraints": constraints,
+        "limits": {"max_width_pruning": round(width, 2), "max_depth_pruning": round(depth, 2)},
+        "evaluated": len(table),
+        "feasible": feasible.reset_index(drop=True),
+    }
+
+
+SHOWN = [
+    "params",
+    "active_params",
+    "hidden_size",
+    "mamba_num_heads",
+    "n_routed_experts",
+    "moe_intermediate_size",
+    "moe_shared_expert_intermediate_size",
+    "mamba_layers",
+    "moe_layers",
+    "memory_gib",
+    "ttft_ms",
+    "tpot_ms",
+    "throughput_tok_s",
+]
+LINES = [
+    ("weights: embedding + LM head", "weights_embedding_gib"),
+    ("weights: Mamba-2 blocks", "weights_mamba_gib"),
+    ("weights: attention blocks", "weights_attention_gib"),
+    ("weights: routed experts", "weights_moe_routed_gib"),
+    ("weights: router, latent projections, shared expert", "weights_moe_other_gib"),
+    ("weights: dense MLP blocks", "weights_mlp_gib"),
+    ("KV cache (attention blocks)", "kv_cache_gib"),
+    ("Mamba state (SSM + conv), all sequences", "mamba_state_gib"),
+    ("activation workspace", "workspace_gib"),
+    ("engine overhead", "overhead_gib"),
+    ("total", "memory_gib"),
+]
+
+
+def memory_accounting(rows: Mapping[str, Mapping[str, float]]) -> str:
+    """A Markdown table of the memory lines (GiB), one column per named row."""
+    names = list(rows)
+    out = ["| line (GiB) | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for label, key in LINES:
+        out.append(f"| {label} | " + " | ".join(f"{float(rows[n][key]):.2f}" for n in names) + " |")
+    return "\n".join(out)
+
+
+def report(model: HybridModel, scenario: Scenario, result: Mapping[str, Any], plan: Mapping[str, Any], terms: str) -> str:
+    """plan.md: what was asked, what fits, and the memory line by line."""
+    hw, wl = scenario.hardware, scenario.workload
+    feasible: pd.DataFrame = result["feasible"]
+    top = feasible.head(int(plan["show"]))[SHOWN].copy()
+    for k in ("params", "active_params"):
+        top[k] = (top[k] / 1e9).round(2)
+    top = top.rename(columns={"params": "params (B)", "active_params": "active (B)"}).round(2)
+    base = {"memory_gib": result["base"]["memory_gib"]} | {key: result["base"][key] for _, key in LINES}
+    device = hw.memory_utilization * hw.memory_gib
+    lines = [
+        f"# Plan: {model.name} on {hw.name}, {wl.name}",
+        "",
+        f"Workload: {wl.concurrency} x ({wl.prompt_len} in, {wl.output_len} out), context {wl.context_len}, {wl.dtype}. "
+        f"Device memory for the engine: {hw.memory_utilization:g} x {hw.memory_gib:g} GiB = {device:.1f} GiB.",
+        f"Constraints: {'; '.join(c.describe() for c in result['constraints'])}; and the device holds it (whole wave, KV for the context).",
+        f"Base model: {result['base']['params'] / 1e9:.2f} B parameters ({result['base']['active_params'] / 1e9:.2f} B active), "
+        f"{result['base']['memory_gib']:.1f} GiB, TTFT {result['base']['ttft_ms']:.0f} ms, "
+        f"TPOT {result['base']['tpot_ms']:.2f} ms (whole wave).",
+        f"Grid: {result['evaluated']} shapes at width <= {result['limits']['max_width_pruning']:g}, depth <= "
+        f"{result['limits']['max_depth_pruning']:g}; {len(feasible)} feasible.",
+        f"Cost model: hybrid roofline, {terms}; not fitted to a hybrid model in an engine.",
+        "Ranking: parameters kept, the order in which ModelOpt's Minitron takes candidates to its score function "
+        "(uniform importance prior: no weights, every unit counts the same).",
+        "",
+        markdown(top),
+        "",
+        "## Memory, line by line",
+        "",
+        memory_accounting({"base": base, "first shape": feasible.iloc[0].to_dict()}),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def run_plan(model: HybridModel, scenario: Scenario, plan: Mapping[str, Any], choice: str, results_dir: str, run_id: str | None) -> Path:
+    for key in ("max_width_pruning", "max_depth_pruning"):
+        if not 0 <= float(plan[key]) < 1:
+            raise ConfigError(f"plan.{key}={plan[key]!r} must be in [0, 1)")
+    for key in (*STEPS, "keep", "show"):
+        if int(plan[key]) < 1:
+            raise ConfigError(f"plan.{key}={plan[key]!r} must be a whole number >= 1")
+    out = Path(results_dir).resolve() / scenario.name / f"plan-{run_id or dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    if out.exists():
+        raise ConfigError(f"{out} already exists; choose another results.run_id")
+    check_writable(out, "results.dir")
+    start = time.time()
+    hw, terms = hardware_terms(scenario.hardware, choice)
+    cost = HybridCost(model, hw, scenario.workload)
+    result = search(model, scenario, cost, plan)
+    feasible: pd.DataFrame = result["feasible"]
+    text = report(model, scenario, result, plan, terms)
+    first = feasible.iloc[0].to_dict()
+    meta = {
+        "scenario": scenario.name,
+        "model": model.name,
+        "model_source": model.source,
+        "cost_model": f"hybrid roofline: {terms}",
+        "ranking": "parameters kept (uniform importance prior; no weights)",
+        "constraints": {c.metric: {"value": c.value, "sense": c.sense} for c in result["constraints"]},
+        "limits": result["limits"],
+        "evaluated": result["evaluated"],
+        "feasible": len(feasible),
+        "base": result["base"],
+        "first": {k: (v.item() if isinstance(v, np.generic) else v) for k, v in first.items()},
+        "first_config": shape_config(
+            model, {k: first[k] for k in (*WIDTHS, "mamba_layers", "moe_layers", "attention_layers", "mlp_layers")}
+        ),
+        "seconds": time.time() - start,
+        "code": git_sha(),
+    }
+    out.mkdir(parents=True)
+    write_parquet(feasible.head(int(plan["keep"])), out / "plan.parquet")
+    write_text(text, out / "plan.md")
+    write_json(meta, out / "metadata.json")
+    print(text)
+    log(f"{len(feasible)} of {result['evaluated']} shapes feasible; plan in {out}")
+    return out
+
+
+def load_architecture(data: Mapping[str, Any]) -> HybridModel:
+    """The `architecture` section: its own fields, or those of the config.json at architecture.path."""
+    if data.get("path"):
+        return HybridModel.from_file(str(data["path"]))
+    return HybridModel.from_mapping({k: v for k, v in data.items() if k != "path"})
+
+
+@hydra.main(config_path="../conf", config_name="plan", version_base="1.3")
+@hydra_task("nothing was written")
+def main(cfg: DictConfig) -> None:
+    data = plain(cfg)
+    results = data.get("results") or {}
+    run_plan(
+        load_architecture(data.get("architecture") or {}),
+        scenario_from_dict(data),
+        data["plan"],
+        str(data.get("cost_model") or "auto"),
+        str(results.get("dir") or "results"),
+        results.get("run_id"),
+    )
+
+
+if __name__ == "__main__":
+    hydra_entry(main)

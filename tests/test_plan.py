@@ -1,0 +1,197 @@
+"""The hybrid (Nemotron-H) planner: parameter counts as Hugging Face builds them, the hybrid cost terms, the plan command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from autocompress.arch.hybrid import HybridModel, parameters, shape_config
+from autocompress.config.build import scenario_from_dict
+from autocompress.config.compose import CONF_DIR
+from autocompress.cost.hybrid import HybridCost, touched
+from autocompress.errors import ConfigError
+from autocompress.plan import grid, load_architecture
+from tests.conftest import run_cli
+
+SUPER = CONF_DIR / "architecture" / "nemotron3_super_120b.yaml"
+
+
+def super_model() -> HybridModel:
+    from omegaconf import OmegaConf
+
+    return load_architecture(OmegaConf.to_container(OmegaConf.load(SUPER)))  # type: ignore[arg-type]
+
+
+def tiny_hybrid(latent: int | None = 16) -> HybridModel:
+    return HybridModel(
+        name="tiny",
+        hybrid_override_pattern="ME*EM-E",
+        hidden_size=64,
+        vocab_size=100,
+        tie_word_embeddings=False,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        mamba_num_heads=8,
+        mamba_head_dim=8,
+        ssm_state_size=16,
+        n_groups=2,
+        conv_kernel=4,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=24,
+        moe_latent_size=latent,
+        moe_shared_expert_intermediate_size=32,
+        intermediate_size=48,
+    )
+
+
+def hf_count(config: dict[str, Any]) -> int:
+    """Parameters of Hugging Face's NemotronHForCausalLM built from `config` on the meta device (no memory)."""
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    with torch.device("meta"):
+        model = NemotronHForCausalLM(NemotronHConfig(**config, num_nextn_predict_layers=0))
+    return sum(p.numel() for p in model.parameters())
+
+
+def one(shape: dict[str, np.ndarray]) -> dict[str, int]:
+    return {k: int(v[0]) for k, v in shape.items()}
+
+
+@pytest.mark.parametrize("latent", [16, None])
+def test_parameter_count_is_hugging_faces_for_base_and_pruned_shapes(latent: int | None) -> None:
+    model = tiny_hybrid(latent)
+    base = model.base_shape()
+    assert parameters(model, base)["total"][0] == hf_count(shape_config(model, one(base)))
+    pruned = base | {
+        "hidden_size": np.array([48]),
+        "mamba_num_heads": np.array([6]),
+        "n_routed_experts": np.array([6]),
+        "moe_intermediate_size": np.array([16]),
+        "moe_shared_expert_intermediate_size": np.array([24]),
+        "num_attention_heads": np.array([2]),
+        "moe_layers": np.array([2]),
+        "mamba_layers": np.array([1]),
+    }
+    config = shape_config(model, one(pruned))
+    assert config["hybrid_override_pattern"] == "ME*E-"  # the last MoE and the last Mamba block dropped
+    assert parameters(model, pruned)["total"][0] == hf_count(config)
+
+
+def test_nemotron3_super_is_120_b_with_12_8_b_active() -> None:
+    model = super_model()
+    counts = parameters(model, model.base_shape())
+    assert counts["total"][0] == 120_668_687_360 == hf_count(shape_config(model, one(model.base_shape())))
+    assert 12.7e9 < counts["active"][0] < 12.8e9  # "A12B": 22 of 512 experts per token
+    assert (model.count("mamba"), model.count("moe"), model.count("attention")) == (40, 40, 8)
+
+
+def test_touched_experts_go_from_top_k_to_all() -> None:
+    assert touched(np.array(512.0), 22, 1) == pytest.approx(22)
+    assert touched(np.array(512.0), 22, 10_000) == pytest.approx(512)
+    assert touched(np.array(512.0), 22, 4) < touched(np.array(512.0), 22, 8) < 8 * 22  # some tokens share experts
+
+
+def b200() -> tuple[Any, Any]:
+    from autocompress.config.compose import compose_dict
+
+    scenario = scenario_from_dict(compose_dict("+scenario=b200_longctx"))
+    return scenario.hardware, scenario.workload
+
+
+def test_memory_lines_add_up_and_follow_what_each_axis_holds() -> None:
+    model = super_model()
+    cost = HybridCost(model, *b200())
+    base = model.base_shape()
+    out = cost.predict(base, whole_wave=True)
+    lines = ("weights_gib", "kv_cache_gib", "mamba_state_gib", "workspace_gib", "overhead_gib")
+    assert out["memory_gib"][0] == pytest.approx(sum(out[k][0] for k in lines))
+    assert out["weights_gib"][0] == pytest.approx(120_668_687_360 * 2 / 1024**3)
+    # 8 attention blocks x 2 KV heads x 128 x 2 (K, V) x 2 bytes per token, 4 x 121,024 tokens
+    assert out["kv_cache_gib"][0] == pytest.approx(8 * 2 * 128 * 2 * 2 * 4 * 121_024 / 1024**3)
+    fewer = {
+        "n_routed_experts": (out["weights_gib"], out["tpot_ms"]),
+        "mamba_num_heads": (out["mamba_state_gib"], out["tpot_ms"]),
+        "attention_layers": (out["kv_cache_gib"], out["ttft_ms"]),
+    }
+    for key, before in fewer.items():
+        smaller = cost.predict(base | {key: base[key] // 2}, whole_wave=True)
+        after = {"n_routed_experts": ("weights_gib", "tpot_ms"), "mamba_num_heads": ("mamba_state_gib", "tpot_ms")}.get(
+            key, ("kv_cache_gib", "ttft_ms")
+        )
+        assert smaller[after[0]][0] < before[0][0] and smaller[after[1]][0] < before[1][0], key
+
+
+def test_the_unpruned_120_b_does_not_fit_one_b200_and_a_wave_that_does_not_fit_has_no_throughput() -> None:
+    model = super_model()
+    out = HybridCost(model, *b200()).predict(model.base_shape())
+    assert out["sequences_fit"][0] < 1 and out["throughput_tok_s"][0] == 0
+
+
+def test_grid_keeps_modelopts_limits() -> None:
+    model = super_model()
+    plan = {"hidden_step": 256, "mamba_head_step": 8, "expert_step": 8, "expert_ffn_step": 256, "shared_ffn_step": 512, "depth_step": 2}
+    g = grid(model, plan, 0.4, 0.2)
+    assert g["hidden_size"].min() >= 0.6 * 4096 and g["n_routed_experts"].min() >= 0.6 * 512
+    assert (g["mamba_num_heads"] % model.n_groups == 0).all()
+    dropped = 80 - g["mamba_layers"] - g["moe_layers"]
+    assert dropped.max() <= 0.2 * 88 and dropped.min() == 0 and (g["attention_layers"] == 8).all()
+
+
+def test_plan_lists_shapes_that_fit_one_b200_at_128k(tmp_path: Path) -> None:
+    proc = run_cli("autocompress.plan", "+scenario=b200_longctx", f"results.dir={tmp_path}", "results.run_id=t")
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "b200_longctx" / "plan-t"
+    table = pd.read_parquet(out / "plan.parquet")
+    meta = json.loads((out / "metadata.json").read_text())
+    bound = meta["constraints"]["memory_gib"]["value"]
+    assert bound == pytest.approx(0.6 * meta["base"]["memory_gib"])
+    assert (
+        len(table)
+        and (table["memory_gib"] <= bound * (1 + 1e-9)).all()
+        and table["fits_device"].all()
+        and (table["sequences_fit"] >= 4).all()
+    )
+    assert (table["tpot_ms"] <= meta["constraints"]["tpot_ms"]["value"] * (1 + 1e-9)).all()
+    assert table["params"].is_monotonic_decreasing and table["params"].iloc[0] < meta["base"]["params"]
+    assert meta["limits"] == {"max_width_pruning": 0.4, "max_depth_pruning": 0.2}
+    assert hf_count(meta["first_config"]) == table["params"].iloc[0]  # the written config is the shape priced
+    md = (out / "plan.md").read_text()
+    assert "uniform importance prior" in md and "| total | 230.59 |" in md
+
+
+def test_plan_widens_the_limits_when_nothing_fits_and_says_so(tmp_path: Path) -> None:
+    proc = run_cli(
+        "autocompress.plan", "+scenario=b200_longctx", f"results.dir={tmp_path}", "results.run_id=t", "scenario.constraints.memory_gib=50"
+    )
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((tmp_path / "b200_longctx" / "plan-t" / "metadata.json").read_text())
+    # the smallest shape within ModelOpt's limits (0.4, 0.2) needs 58.9 GiB
+    assert meta["limits"] == {"max_width_pruning": 0.5, "max_depth_pruning": 0.3} and meta["first"]["memory_gib"] <= 50
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("architecture.path=/nonexistent/config.json", "architecture.path=/nonexistent/config.json: no such file"),
+        ("plan.max_width_pruning=1.5", "plan.max_width_pruning=1.5 must be in [0, 1)"),
+        ("cost_model=/some/fit.json", "the planner takes auto or analytic"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, override: str, message: str) -> None:
+    proc = run_cli("autocompress.plan", "+scenario=b200_longctx", f"results.dir={tmp_path}", override)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_config_json_that_is_not_nemotron_h_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
+    with pytest.raises(ConfigError, match="nemotron_h"):
+        HybridModel.from_file(tmp_path)
