@@ -8,7 +8,9 @@ Each architecture runs in the serving engine on the run's workload, exactly as p
 it (autocompress.cost.engine). The measured TTFT / TPOT / throughput / KV capacity / peak memory land
 next to the predicted columns (`measured_<metric>`, with run-to-run spreads), with
 `feasible_measured` (every constraint met by the measured medians) and
-`feasible_within_noise` (met once each measurement may be off by its own spread). The file is
+`feasible_within_noise` (met once each measurement may be off by its own spread). On a GPU the
+engine's peak RSS is host memory, not the device memory vLLM preallocates: no `measured_memory_gib`,
+and a memory bound is listed in `unverified_constraints` instead of judged. The file is
 rewritten atomically; `trials.parquet` gets the same columns for the verified trials.
 """
 
@@ -50,14 +52,17 @@ def measured_columns(rows: list[dict[str, Any]], constraints: tuple[Constraint, 
     cols |= {f"measured_{k}_spread": v for k, v in measured_spreads(row).items()}
     if row.get("cpu"):
         cols["measured_on_cpu"] = row["cpu"]  # CPUs of one kind differ several-fold
-    strict, loose = True, True
+    strict, loose, unverified = True, True, []
     for c in constraints:
+        if f"measured_{c.metric}" not in cols:  # memory on a GPU node: RSS is host memory, no verdict from it
+            unverified.append(c.metric)
+            continue
         value = cols[f"measured_{c.metric}"]
         spread = cols.get(f"measured_{c.metric}_spread", 0.0)
         strict &= c.satisfied(value)
         slack = value * (1 - spread) if c.sense == "max" else value * (1 + spread)
         loose &= c.satisfied(slack)
-    return cols | {"feasible_measured": strict, "feasible_within_noise": loose}
+    return cols | {"feasible_measured": strict, "feasible_within_noise": loose, "unverified_constraints": ",".join(unverified)}
 
 
 def _merge(frame: pd.DataFrame, measured: dict[str, dict[str, Any]]) -> pd.DataFrame:
@@ -172,7 +177,8 @@ def _line(cols: dict[str, Any]) -> str:
         return "FAILED " + str(cols["verify_error"]).splitlines()[-1][:160]
     state = "feasible" if cols["feasible_measured"] else ("feasible within noise" if cols["feasible_within_noise"] else "INFEASIBLE")
     ttft, tpot, thr = cols["measured_ttft_ms"], cols["measured_tpot_ms"], cols["measured_throughput_tok_s"]
-    return f"{state}: ttft {ttft:.0f}ms tpot {tpot:.1f}ms thr {thr:.0f}tok/s"
+    unverified = f" (not verified: {cols['unverified_constraints']})" if cols.get("unverified_constraints") else ""
+    return f"{state}: ttft {ttft:.0f}ms tpot {tpot:.1f}ms thr {thr:.0f}tok/s{unverified}"
 
 
 def print_table(frame: pd.DataFrame) -> None:

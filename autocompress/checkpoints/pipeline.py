@@ -9,7 +9,7 @@ from typing import Any
 
 from autocompress.arch.masking import Ranking
 from autocompress.arch.space import Architecture, SearchSpace
-from autocompress.checkpoints.card import Exported, model_card
+from autocompress.checkpoints.card import Exported, model_card, serving_settings
 from autocompress.checkpoints.slicing import write_weights
 from autocompress.checkpoints.verification import verify_export, vllm_check
 from autocompress.config.compose import run_spec_of
@@ -128,6 +128,7 @@ def export(req: ExportRequest) -> Exported:
             check = vllm_check(tmp, arch, prompts, got, check) if req.vllm else check
         exported = Exported(req.out, fmt, arch, base, row, meta, spec, run_dir, tokenizer_saved, check)
         (tmp / "README.md").write_text(model_card(exported), encoding="utf-8")
+        (tmp / "serving.json").write_text(json.dumps(serving_settings(exported), indent=2) + "\n", encoding="utf-8")
     return exported
 
 

@@ -117,6 +117,11 @@ class Workload:
     def kv_bytes(self) -> float:
         return DTYPE_BYTES[self.kv_dtype or self.dtype]
 
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens the KV cache must hold: one max-length sequence (the engine refuses to start otherwise) or the whole wave."""
+        return max(self.context_len, self.concurrency * (self.prompt_len + self.output_len))
+
 
 @dataclass(frozen=True)
 class Scenario:

@@ -149,7 +149,7 @@ class AnalyticCostModel(CostModel):
         workspace = 4.0 * (4 * hw.max_num_batched_tokens * h_mean + rows * self.space.base.vocab_size)
         overhead = hw.memory_overhead_gib * GIB
         seq_tokens = wl.prompt_len + wl.output_len
-        kv_demand = kv_tok * max(wl.context_len, wl.concurrency * seq_tokens)
+        kv_demand = kv_tok * wl.kv_tokens
         memory = weights + kv_demand + workspace + overhead
         if hw.kv_cache_gib is not None:  # engines with a fixed KV-cache size (vLLM CPU)
             kv_space = torch.tensor(hw.kv_cache_gib * GIB, dtype=torch.float64)

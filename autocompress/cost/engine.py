@@ -44,8 +44,13 @@ SPREAD_FIELDS = {"ttft_ms": "ttft_spread", "tpot_ms": "tpot_spread", "throughput
 
 
 def measured_metrics(row: dict[str, Any]) -> dict[str, float]:
-    """What an engine row (status ok) measured, by metric: the one mapping that verify's and compare's columns use."""
-    return {metric: float(row[field]) for metric, field in ENGINE_FIELDS.items() if field in row}
+    """What an engine row (status ok) measured, by metric: the one mapping that verify's and compare's columns use.
+
+    Memory is the engine processes' peak RSS: the footprint on a CPU, but only host memory on a GPU
+    node (the device memory vLLM preallocates is not in it), so a GPU row measures no memory_gib.
+    """
+    skip = {"memory_gib"} if row.get("host_memory_only") else set()
+    return {metric: float(row[field]) for metric, field in ENGINE_FIELDS.items() if field in row and metric not in skip}
 
 
 def measured_spreads(row: dict[str, Any]) -> dict[str, float]:
@@ -258,6 +263,7 @@ def measure_in_process(
                 "loaded_gib": rss.sample() / 2**30,
                 "engine_version": _version(),
                 "cpu": cpu_key() if settings.engine == "vllm-cpu" else None,  # the CPU that measured (machines differ)
+                "host_memory_only": settings.engine != "vllm-cpu",  # RSS on a GPU node misses the device memory
             }
             rows = []
             try:

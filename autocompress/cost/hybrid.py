@@ -80,20 +80,19 @@ class HybridCost:
     def memory(self, s: Shape) -> dict[str, np.ndarray]:
         """GiB by line: weights (by part), KV cache, Mamba state, workspace, engine overhead, and their sum `memory_gib`.
 
-        KV cache: attention blocks * 2 * nkv * hd * kv bytes per token, for max(context_len, concurrency * (P + O))
-        tokens (as the dense model); Mamba state: concurrency sequences; workspace: fp32 buffers of a
-        prefill chunk, 4 * (4 * M * h + rows * V) bytes.
+        KV cache: attention blocks * 2 * nkv * hd * kv bytes per token, for workload.kv_tokens =
+        max(context_len, concurrency * (P + O)) tokens (as the dense model); Mamba state: concurrency
+        sequences; workspace: fp32 buffers of a prefill chunk, 4 * (4 * M * h + rows * V) bytes.
         """
         m, wl, hw = self.model, self.wl, self.hw
         params = parameters(m, s)
         lines = {f"weights_{k}_gib": v * wl.weight_bytes / GIB for k, v in params.items() if k not in ("total", "active")}
         kv_token = s["attention_layers"] * 2.0 * m.num_key_value_heads * m.head_dim * wl.kv_bytes
-        tokens = max(wl.context_len, wl.concurrency * (wl.prompt_len + wl.output_len))
         rows = min(hw.max_num_batched_tokens, wl.concurrency)
         workspace = 4.0 * (4 * hw.max_num_batched_tokens * s["hidden_size"] + rows * m.vocab_size)
         lines |= {
             "weights_gib": params["total"] * wl.weight_bytes / GIB,
-            "kv_cache_gib": kv_token * tokens / GIB,
+            "kv_cache_gib": kv_token * wl.kv_tokens / GIB,
             "mamba_state_gib": wl.concurrency * self.state_bytes(s) / GIB,
             "workspace_gib": workspace / GIB,
             "overhead_gib": np.full_like(workspace, hw.memory_overhead_gib),
