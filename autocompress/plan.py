@@ -41,34 +41,46 @@ from autocompress.errors import ConfigError, InfeasibleError
 from autocompress.io import check_writable, log, markdown, write_json, write_parquet, write_text
 from autocompress.search.runfolder import git_sha
 
-STEPS = ("hidden_step", "mamba_head_step", "expert_step", "expert_ffn_step", "shared_ffn_step", "depth_step")
+STEPS = ("hidden_step", "mamba_head_step", "expert_step", "expert_ffn_step", "shared_ffn_step", "mlp_ffn_step", "depth_step")
 AXES = {  # width -> the plan key of its step
     "hidden_size": "hidden_step",
     "mamba_num_heads": "mamba_head_step",
     "n_routed_experts": "expert_step",
     "moe_intermediate_size": "expert_ffn_step",
     "moe_shared_expert_intermediate_size": "shared_ffn_step",
+    "intermediate_size": "mlp_ffn_step",
+}
+OWNER = {  # width -> the kind of block it belongs to (hidden size: every block)
+    "mamba_num_heads": "mamba",
+    "n_routed_experts": "moe",
+    "moe_intermediate_size": "moe",
+    "moe_shared_expert_intermediate_size": "moe",
+    "intermediate_size": "mlp",
 }
 
 
 def _options(base: int, step: int, width_limit: float) -> list[int]:
-    """base, base - step, ... down to (1 - width_limit) * base."""
-    return [w for w in range(base, 0, -step) if w >= (1 - width_limit) * base - 1e-9]
+    """base, base - step, ... down to (1 - width_limit) * base; [0] for an axis the model does not have."""
+    return [w for w in range(base, 0, -step) if w >= (1 - width_limit) * base - 1e-9] or [base]
 
 
 def grid(model: HybridModel, plan: Mapping[str, Any], width_limit: float, depth_limit: float) -> dict[str, np.ndarray]:
-    """Every shape of the grid as equal-length arrays: the five searched widths x (Mamba, MoE) blocks dropped.
+    """Every shape of the grid as equal-length arrays: the searched widths x (Mamba, MoE) blocks dropped.
 
     Query heads stay at the base count (8 attention blocks, 0.2 % of Nemotron 3 Super's weights), KV
     heads too (ModelOpt does not prune them); attention and dense MLP blocks are all kept.
     """
-    widths = {k: _options(getattr(model, k), int(plan[step]), width_limit) for k, step in AXES.items()}
-    widths["mamba_num_heads"] = [h for h in widths["mamba_num_heads"] if h % model.n_groups == 0]
+    widths: dict[str, list[int]] = {}
+    for key, step_key in AXES.items():
+        kind = OWNER.get(key)
+        searched = kind is None or model.count(kind) > 0  # the width of blocks the model does not have stays as it is
+        widths[key] = _options(getattr(model, key), int(plan[step_key]), width_limit) if searched else [getattr(model, key)]
+    widths["mamba_num_heads"] = [h for h in widths["mamba_num_heads"] if h % max(model.n_groups, 1) == 0]
     budget = int(depth_limit * len(model.hybrid_override_pattern))
     step = int(plan["depth_step"])
     drops = [(a, b) for a in range(0, budget + 1, step) for b in range(0, budget + 1, step) if a + b <= budget]
     drops = [(a, b) for a, b in drops if a <= model.count("mamba") and b <= model.count("moe")]
-    rows = np.array(list(itertools.product(*widths.values(), range(len(drops)))), dtype=np.int64)  # [n, 5 widths + drop index]
+    rows = np.array(list(itertools.product(*widths.values(), range(len(drops)))), dtype=np.int64)  # [n, widths + drop index]
     dropped = np.array(drops, dtype=np.int64)[rows[:, -1]]  # [n, 2]: Mamba, MoE blocks dropped
     cols = {k: rows[:, i] for i, k in enumerate(widths)}
     cols["mamba_layers"] = model.count("mamba") - dropped[:, 0]
@@ -145,6 +157,7 @@ SHOWN = [
     "n_routed_experts",
     "moe_intermediate_size",
     "moe_shared_expert_intermediate_size",
+    "intermediate_size",
     "mamba_layers",
     "moe_layers",
     "memory_gib",

@@ -85,6 +85,18 @@ def test_parameter_count_is_hugging_faces_for_base_and_pruned_shapes(latent: int
     assert parameters(model, pruned)["total"][0] == hf_count(config)
 
 
+def test_a_hybrid_without_experts_needs_no_expert_fields_and_prices_its_mlp_blocks() -> None:
+    fields = {k: v for k, v in shape_config(tiny_hybrid(), one(tiny_hybrid().base_shape())).items() if "expert" not in k}
+    model = HybridModel.from_mapping(fields | {"hybrid_override_pattern": "M*-M-"}, name="dense")
+    base = model.base_shape()
+    assert parameters(model, base)["total"][0] == hf_count(shape_config(model, one(base)))
+    cost = HybridCost(model, *b200())
+    wider = cost.predict(base, whole_wave=True)
+    narrower = cost.predict(base | {"intermediate_size": base["intermediate_size"] // 2}, whole_wave=True)
+    assert np.isfinite(wider["tpot_ms"]).all() and narrower["tpot_ms"][0] < wider["tpot_ms"][0]
+    assert narrower["ttft_ms"][0] < wider["ttft_ms"][0]
+
+
 def test_nemotron3_super_is_120_b_with_12_8_b_active() -> None:
     model = super_model()
     counts = parameters(model, model.base_shape())

@@ -30,7 +30,13 @@ WIDTHS = (
     "n_routed_experts",
     "moe_intermediate_size",
     "moe_shared_expert_intermediate_size",
+    "intermediate_size",
 )
+# fields a model without blocks of that kind need not give
+UNUSED_WITHOUT = {
+    "E": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_shared_expert_intermediate_size"),
+    "M": ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel"),
+}
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,9 @@ class HybridModel:
             letters = {"mamba": "M", "moe": "E", "attention": "*", "full_attention": "*", "mlp": "-"}
             data["hybrid_override_pattern"] = "".join(letters.get(t, "?") for t in data["layers_block_type"])
         data.setdefault("head_dim", data["hidden_size"] // data["num_attention_heads"] if "hidden_size" in data else 0)
+        for letter, keys in UNUSED_WITHOUT.items():
+            if letter not in str(data.get("hybrid_override_pattern", letter)):
+                data |= {k: data.get(k) or 0 for k in keys}
         missing = sorted(
             k for k in known - {"name", "source", "moe_latent_size", "intermediate_size", "mamba_ssm_cache_dtype"} if k not in data
         )
@@ -121,7 +130,7 @@ def parameters(model: HybridModel, s: Mapping[str, np.ndarray]) -> dict[str, np.
       attention: q and o 2*h*(nq*hd), k and v 2*h*(nkv*hd)
       moe:       router E*h, routed experts E * 2*f*l (up and down, no gate; l = latent width, else h),
                  latent projections 2*h*l (when latent), shared expert 2*h*s
-      mlp:       2*h*i
+      mlp:       2*h*i (up and down, no gate)
     embedding V*h (+ untied LM head V*h), final norm h. Active: k of the E routed experts.
     """
     h = s["hidden_size"].astype(np.float64)
@@ -135,7 +144,7 @@ def parameters(model: HybridModel, s: Mapping[str, np.ndarray]) -> dict[str, np.
     latent = model.moe_latent_size or h
     expert = 2.0 * f * latent
     moe_fixed = experts * h + (2 * h * latent if model.moe_latent_size else 0) + 2 * h * s["moe_shared_expert_intermediate_size"] + h
-    mlp = 2 * h * model.intermediate_size + h
+    mlp = 2 * h * s["intermediate_size"] + h
     embed = model.vocab_size * h * (1 if model.tie_word_embeddings else 2) + h
     parts = {
         "embedding": embed,

@@ -13,7 +13,8 @@ throughput = B * O / (TTFT + O * TPOT). What is new for hybrids:
 - Mamba-2: a fixed state per sequence, nh * p * N values in mamba_ssm_cache_dtype plus the
   convolution's last K-1 inputs, read and written every decode step, instead of a KV cache that
   grows with the context. Prefill runs the chunked scan (chunk L): 2 * T * nh * (L * (N + p) + 2 * N * p) FLOPs.
-- Attention: the KV cache as in the dense model, only in the attention blocks.
+- Attention: the KV cache as in the dense model, only in the attention blocks; dense MLP blocks
+  (up and down projections) as the dense model's FFN.
 
 Shapes are dicts of equal-length arrays (see autocompress.arch.hybrid), so one call prices a grid.
 Nothing here is fitted to a hybrid model served by an engine: the efficiencies are the hardware's
@@ -33,10 +34,17 @@ GIB = 1024.0**3
 Shape = Mapping[str, np.ndarray]
 
 
+def per_expert(rows: np.ndarray | float, k: int, used: np.ndarray) -> np.ndarray:
+    """Rows each touched expert's matmul gets: rows * k / used (1 where no expert is used)."""
+    total = np.broadcast_to(np.asarray(rows, dtype=np.float64) * k, np.shape(used))
+    return np.divide(total, used, out=np.ones(np.shape(used)), where=used > 0)
+
+
 def touched(experts: np.ndarray, k: int, tokens: np.ndarray | float) -> np.ndarray:
     """Expected distinct experts that `tokens` tokens route to, each picking k of E at random: E * (1 - (1 - k/E)^tokens)."""
     e = np.asarray(experts, dtype=np.float64)
-    return e * (1.0 - (1.0 - k / e) ** tokens)
+    share = np.divide(k, e, out=np.ones_like(e), where=e > 0)  # no experts: none touched
+    return e * (1.0 - (1.0 - share) ** tokens)
 
 
 class HybridCost:
@@ -66,6 +74,7 @@ class HybridCost:
             "moe_dense": h * s["n_routed_experts"]
             + (2 * h * latent if m.moe_latent_size else 0)
             + 2 * h * s["moe_shared_expert_intermediate_size"],
+            "mlp": 2 * h * s["intermediate_size"],
             "head": h * m.vocab_size,
         }
 
@@ -117,11 +126,12 @@ class HybridCost:
         attn = attn + self._time(4 * batch * q * ctx, batch * ctx * 2 * m.num_key_value_heads * m.head_dim * wl.kv_bytes, batch)
         u = touched(s["n_routed_experts"], m.num_experts_per_tok, batch)
         k = m.num_experts_per_tok
-        moe = self._time(2 * batch * k * w["expert"], wb * u * w["expert"], batch * k / u)
+        moe = self._time(2 * batch * k * w["expert"], wb * u * w["expert"], per_expert(batch, k, u))
         moe = moe + self._time(2 * batch * w["moe_dense"], wb * w["moe_dense"], batch)
+        mlp = self._time(2 * batch * w["mlp"], wb * w["mlp"], batch)
         head = self._time(2 * batch * w["head"], wb * w["head"], batch) + hw.step_overhead_ms * 1e-3
         blocks = s["mamba_layers"] * (mamba + block) + s["attention_layers"] * (attn + block) + s["moe_layers"] * (moe + block)
-        return head + blocks
+        return head + blocks + s["mlp_layers"] * (mlp + block)
 
     def _prefill(self, s: Shape, batch: np.ndarray) -> np.ndarray:
         """Seconds to prefill `batch` prompts of P tokens: T = B * P tokens in ceil(T / M) chunks of M, summed over blocks."""
@@ -144,12 +154,13 @@ class HybridCost:
         attn = attn + self._time(2 * batch * q * p * p, kv_bytes, p, self._attn_flops)
         k = m.num_experts_per_tok
         u = touched(s["n_routed_experts"], k, rows)
-        moe = self._time(2 * tokens * k * w["expert"], chunks * wb * u * w["expert"], rows * k / u, pf)
+        moe = self._time(2 * tokens * k * w["expert"], chunks * wb * u * w["expert"], per_expert(rows, k, u), pf)
         moe = moe + self._time(2 * tokens * w["moe_dense"], chunks * wb * w["moe_dense"], rows, pf)
         overhead = hw.step_overhead_ms if hw.prefill_overhead_ms is None else hw.prefill_overhead_ms
+        mlp = self._time(2 * tokens * w["mlp"], chunks * wb * w["mlp"], rows, pf)
         head = self._time(2 * batch * w["head"], wb * w["head"], batch, pf) + chunks * overhead * 1e-3
         blocks = s["mamba_layers"] * (mamba + block) + s["attention_layers"] * (attn + block) + s["moe_layers"] * (moe + block)
-        return head + blocks
+        return head + blocks + s["mlp_layers"] * (mlp + block)
 
     def predict(self, s: Shape, whole_wave: bool = False) -> dict[str, np.ndarray]:
         """Memory lines, parameters, `sequences_fit` (how many sequences memory holds), batch, TTFT, TPOT, throughput.
