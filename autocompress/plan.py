@@ -20,8 +20,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import itertools
+import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from autocompress.arch.hybrid import WIDTHS, HybridModel, shape_config, write_config
+from autocompress.baselines.minitron import modelopt_choices
 from autocompress.config.build import scenario_from_dict
 from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
@@ -43,56 +45,60 @@ from autocompress.errors import ConfigError, InfeasibleError
 from autocompress.io import check_writable, log, markdown, staged, write_json, write_parquet, write_text
 from autocompress.search.runfolder import git_sha
 
-STEPS = ("hidden_step", "mamba_head_step", "expert_step", "expert_ffn_step", "shared_ffn_step", "mlp_ffn_step", "depth_step")
-AXES = {  # width -> the plan key of its step
-    "hidden_size": "hidden_step",
-    "mamba_num_heads": "mamba_head_step",
-    "n_routed_experts": "expert_step",
-    "moe_intermediate_size": "expert_ffn_step",
-    "moe_shared_expert_intermediate_size": "shared_ffn_step",
-    "intermediate_size": "mlp_ffn_step",
-}
-OWNER = {  # width -> the kind of block it belongs to (hidden size: every block)
-    "mamba_num_heads": "mamba",
-    "n_routed_experts": "moe",
-    "moe_intermediate_size": "moe",
-    "moe_shared_expert_intermediate_size": "moe",
-    "intermediate_size": "mlp",
+DIVISORS = ("hidden_size_divisor", "ffn_hidden_size_divisor", "mamba_head_dim_divisor", "num_moe_experts_divisor", "num_layers_divisor")
+AXES = {  # width -> (the kind of block it belongs to, None: every block; its divisor's key, None: the Mamba groups)
+    "hidden_size": (None, "hidden_size_divisor"),
+    "mamba_num_heads": ("mamba", None),
+    "mamba_head_dim": ("mamba", "mamba_head_dim_divisor"),
+    "n_routed_experts": ("moe", "num_moe_experts_divisor"),
+    "moe_intermediate_size": ("moe", "ffn_hidden_size_divisor"),
+    "moe_shared_expert_intermediate_size": ("moe", "ffn_hidden_size_divisor"),
+    "intermediate_size": ("mlp", "ffn_hidden_size_divisor"),
 }
 
 
-def _options(base: int, step: int, width_limit: float) -> list[int]:
-    """base, base - step, ... down to (1 - width_limit) * base; [0] for an axis the model does not have."""
-    return [w for w in range(base, 0, -step) if w >= (1 - width_limit) * base - 1e-9] or [base]
+def axes(model: HybridModel, plan: Mapping[str, Any], width: float, depth: float) -> tuple[dict[str, list[int]], list[tuple[int, int]]]:
+    """ModelOpt's choices of each width at limit `width`, and the (Mamba, MoE) blocks dropped at limit `depth`.
 
-
-def grid(model: HybridModel, plan: Mapping[str, Any], width_limit: float, depth_limit: float) -> dict[str, np.ndarray]:
-    """Every shape of the grid as equal-length arrays: the searched widths x (Mamba, MoE) blocks dropped.
-
-    Query heads stay at the base count (8 attention blocks, 0.2 % of Nemotron 3 Super's weights), KV
-    heads too (ModelOpt does not prune them); attention and dense MLP blocks are all kept.
+    Widths: `modelopt_choices` (multiples of the divisor and the full size, the top 1 - width of them),
+    Mamba heads in multiples of the groups (ModelOpt's MambaNumHeadsHp); a width of blocks the model
+    does not have stays as it is. Depth: the total layer count ModelOpt's way (multiples of
+    num_layers_divisor), split every way between Mamba and MoE blocks (no weights to rank blocks by).
+    Query heads, KV heads, attention and dense MLP blocks are kept.
     """
     widths: dict[str, list[int]] = {}
-    for key, step_key in AXES.items():
-        kind = OWNER.get(key)
-        searched = kind is None or model.count(kind) > 0  # the width of blocks the model does not have stays as it is
-        widths[key] = _options(getattr(model, key), int(plan[step_key]), width_limit) if searched else [getattr(model, key)]
-    widths["mamba_num_heads"] = [h for h in widths["mamba_num_heads"] if h % max(model.n_groups, 1) == 0]
-    budget = int(depth_limit * len(model.hybrid_override_pattern))
-    step = int(plan["depth_step"])
-    drops = [(a, b) for a in range(0, budget + 1, step) for b in range(0, budget + 1, step) if a + b <= budget]
-    drops = [(a, b) for a, b in drops if a <= model.count("mamba") and b <= model.count("moe")]
-    rows = np.array(list(itertools.product(*widths.values(), range(len(drops)))), dtype=np.int64)  # [n, widths + drop index]
-    dropped = np.array(drops, dtype=np.int64)[rows[:, -1]]  # [n, 2]: Mamba, MoE blocks dropped
-    cols = {k: rows[:, i] for i, k in enumerate(widths)}
-    cols["mamba_layers"] = model.count("mamba") - dropped[:, 0]
-    cols["moe_layers"] = model.count("moe") - dropped[:, 1]
-    n = len(rows)
-    return cols | {
-        "num_attention_heads": np.full(n, model.num_attention_heads),
-        "attention_layers": np.full(n, model.count("attention")),
-        "mlp_layers": np.full(n, model.count("mlp")),
-    }
+    for key, (kind, divisor) in AXES.items():
+        full = getattr(model, key)
+        if (kind is not None and model.count(kind) == 0) or full == 0:
+            widths[key] = [full]
+            continue
+        widths[key] = modelopt_choices(full, int(plan[divisor]) if divisor else model.n_groups, width)
+    layers = len(model.hybrid_override_pattern)
+    dropped = sorted({layers - keep for keep in modelopt_choices(layers, int(plan["num_layers_divisor"]), depth)})
+    m, e = model.count("mamba"), model.count("moe")
+    drops = [(a, t - a) for t in dropped for a in range(0, min(t, m) + 1) if t - a <= e]
+    return widths, drops
+
+
+def shapes(model: HybridModel, widths: Mapping[str, list[int]], drops: list[tuple[int, int]]) -> Iterator[dict[str, np.ndarray]]:
+    """The grid as chunks of equal-length arrays, one per (hidden size, Mamba heads) pair (the grid is too big for one)."""
+    outer = ("hidden_size", "mamba_num_heads")
+    rest = [k for k in widths if k not in outer]
+    drop = np.array(drops, dtype=np.int64).reshape(-1, 2)
+    for hidden, heads in itertools.product(*(widths[k] for k in outer)):
+        mesh = np.meshgrid(*(np.array(widths[k]) for k in rest), np.arange(len(drop)), indexing="ij")
+        cols = {k: g.ravel() for k, g in zip(rest, mesh[:-1], strict=True)}
+        which = drop[mesh[-1].ravel()]
+        n = len(which)
+        yield cols | {
+            "hidden_size": np.full(n, hidden),
+            "mamba_num_heads": np.full(n, heads),
+            "num_attention_heads": np.full(n, model.num_attention_heads),
+            "mamba_layers": model.count("mamba") - which[:, 0],
+            "moe_layers": model.count("moe") - which[:, 1],
+            "attention_layers": np.full(n, model.count("attention")),
+            "mlp_layers": np.full(n, model.count("mlp")),
+        }
 
 
 def hardware_terms(hw: Hardware, choice: str) -> tuple[Hardware, str]:
@@ -110,7 +116,7 @@ def hardware_terms(hw: Hardware, choice: str) -> tuple[Hardware, str]:
 
 
 def evaluate(cost: HybridCost, shapes: Mapping[str, np.ndarray], constraints: tuple[Constraint, ...]) -> pd.DataFrame:
-    """Every shape with its predictions, `fits_device` and `feasible` (that, and each constraint met).
+    """Shapes with their predictions, `fits_device` and `feasible` (that, and each constraint met).
 
     Fitting the device: the engine's memory share holds the weights, the workload's whole wave and a
     KV cache for context_len tokens (vLLM refuses to start where one max-length sequence does not fit).
@@ -123,31 +129,49 @@ def evaluate(cost: HybridCost, shapes: Mapping[str, np.ndarray], constraints: tu
     for c in constraints:
         ok &= df[c.metric] <= c.value * (1 + 1e-9) if c.sense == "max" else df[c.metric] >= c.value * (1 - 1e-9)
     df["feasible"] = ok
+    df["memory_headroom_gib"] = (
+        min([share, *(c.value for c in constraints if c.metric == "memory_gib")]) - df["memory_gib"]
+    )  # what is left under the tighter of the device and the bound
     return df
 
 
 def search(model: HybridModel, scenario: Scenario, cost: HybridCost, plan: Mapping[str, Any]) -> dict[str, Any]:
-    """The feasible shapes, most parameters first, widening ModelOpt's limits by 0.1 until one is feasible."""
+    """The `keep` feasible shapes with the most parameters, widening ModelOpt's limits by 0.1 until one is feasible."""
     base = cost.predict(model.base_shape(), whole_wave=True)
     base_costs = {k: float(v[0]) for k, v in base.items()}
     constraints = tuple(c.resolve(base_costs) for c in scenario.constraints)
-    width, depth = float(plan["max_width_pruning"]), float(plan["max_depth_pruning"])
+    width, depth, keep = float(plan["max_width_pruning"]), float(plan["max_depth_pruning"]), int(plan["keep"])
+    tried = "no limits"
     while True:
-        table = evaluate(cost, grid(model, plan, width, depth), constraints)
-        feasible = table[table["feasible"]]
-        if len(feasible) or (width >= 0.9 and depth >= 0.9):
+        widths, drops = axes(model, plan, width, depth)
+        size = math.prod(len(v) for v in widths.values()) * len(drops)
+        if size > int(plan["max_shapes"]):
+            raise InfeasibleError(
+                f"no shape of {model.name} meets {', '.join(c.describe() for c in constraints)} on {scenario.hardware.name} "
+                f"at {tried}, and the grid at width {width:.1f} / depth {depth:.1f} holds {size:,} shapes "
+                f"(more than plan.max_shapes={int(plan['max_shapes']):,}): loosen a bound, or raise plan.max_shapes"
+            )
+        tried = f"width {width:.1f} / depth {depth:.1f} pruning"
+        best, feasible = [], 0
+        for chunk in shapes(model, widths, drops):
+            table = evaluate(cost, chunk, constraints)
+            table = table[table["feasible"]]
+            feasible += len(table)
+            best.append(table.nlargest(keep, "params"))
+        if feasible or (width >= 0.9 and depth >= 0.9):
             break
         width, depth = min(width + 0.1, 0.9), min(depth + 0.1, 0.9)
-    if feasible.empty:
+    if not feasible:
         bounds = ", ".join(c.describe() for c in constraints)
         raise InfeasibleError(f"no shape of {model.name} meets {bounds} on {scenario.hardware.name} even at 90 % width and depth pruning")
-    feasible = feasible.sort_values(["params", "tpot_ms"], ascending=[False, True])
+    top = pd.concat(best).sort_values(["params", "tpot_ms"], ascending=[False, True]).head(keep)
     return {
         "base": base_costs,
         "constraints": constraints,
         "limits": {"max_width_pruning": round(width, 2), "max_depth_pruning": round(depth, 2)},
-        "evaluated": len(table),
-        "feasible": feasible.reset_index(drop=True),
+        "evaluated": size,
+        "feasible_count": feasible,
+        "feasible": top.reset_index(drop=True),
     }
 
 
@@ -156,6 +180,7 @@ SHOWN = [
     "active_params",
     "hidden_size",
     "mamba_num_heads",
+    "mamba_head_dim",
     "n_routed_experts",
     "moe_intermediate_size",
     "moe_shared_expert_intermediate_size",
@@ -163,6 +188,7 @@ SHOWN = [
     "mamba_layers",
     "moe_layers",
     "memory_gib",
+    "memory_headroom_gib",
     "ttft_ms",
     "tpot_ms",
     "throughput_tok_s",
@@ -211,7 +237,7 @@ def report(model: HybridModel, scenario: Scenario, result: Mapping[str, Any], pl
         f"{result['base']['memory_gib']:.1f} GiB, TTFT {result['base']['ttft_ms']:.0f} ms, "
         f"TPOT {result['base']['tpot_ms']:.2f} ms (whole wave).",
         f"Grid: {result['evaluated']} shapes at width <= {result['limits']['max_width_pruning']:g}, depth <= "
-        f"{result['limits']['max_depth_pruning']:g}; {len(feasible)} feasible.",
+        f"{result['limits']['max_depth_pruning']:g}; {result['feasible_count']} feasible, the first {len(feasible)} kept.",
         f"Cost model: hybrid roofline, {terms}; not fitted to a hybrid model in an engine.",
         "Ranking: parameters kept, the order in which ModelOpt's Minitron takes candidates to its score function "
         "(uniform importance prior: no weights, every unit counts the same).",
@@ -228,11 +254,13 @@ def report(model: HybridModel, scenario: Scenario, result: Mapping[str, Any], pl
 
 def run_plan(model: HybridModel, scenario: Scenario, plan: Mapping[str, Any], choice: str, results_dir: str, run_id: str | None) -> Path:
     for key in ("max_width_pruning", "max_depth_pruning"):
-        if not 0 <= float(plan[key]) < 1:
-            raise ConfigError(f"plan.{key}={plan[key]!r} must be in [0, 1)")
-    for key in (*STEPS, "keep", "show"):
-        if int(plan[key]) < 1:
-            raise ConfigError(f"plan.{key}={plan[key]!r} must be a whole number >= 1")
+        value = plan.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+            raise ConfigError(f"plan.{key}={value!r} must be a number in [0, 1)")
+    for key in (*DIVISORS, "keep", "show", "max_shapes"):
+        value = plan.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"plan.{key}={value!r} must be a whole number >= 1")
     out = Path(results_dir).resolve() / scenario.name / f"plan-{run_id or dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
     if out.exists():
         raise ConfigError(f"{out} already exists; choose another results.run_id")
@@ -254,7 +282,7 @@ def run_plan(model: HybridModel, scenario: Scenario, plan: Mapping[str, Any], ch
         "constraints": {c.metric: {"value": c.value, "sense": c.sense} for c in result["constraints"]},
         "limits": result["limits"],
         "evaluated": result["evaluated"],
-        "feasible": len(feasible),
+        "feasible": result["feasible_count"],
         "base": result["base"],
         "first": {k: (v.item() if isinstance(v, np.generic) else v) for k, v in first.items()},
         "first_config": shape_config(model, first_shape),
@@ -268,7 +296,7 @@ def run_plan(model: HybridModel, scenario: Scenario, plan: Mapping[str, Any], ch
         write_text(text, tmp / "plan.md")
         write_json(meta, tmp / "metadata.json")
     print(text)
-    log(f"{len(feasible)} of {result['evaluated']} shapes feasible; plan in {out}")
+    log(f"{result['feasible_count']} of {result['evaluated']} shapes feasible; plan in {out}")
     return out
 
 

@@ -17,7 +17,7 @@ from autocompress.config.build import scenario_from_dict
 from autocompress.config.compose import CONF_DIR
 from autocompress.cost.hybrid import HybridCost, touched
 from autocompress.errors import ConfigError
-from autocompress.plan import grid, load_architecture
+from autocompress.plan import axes, load_architecture, shapes
 from tests.conftest import run_cli
 
 SUPER = CONF_DIR / "architecture" / "nemotron3_super_120b.yaml"
@@ -148,14 +148,26 @@ def test_the_unpruned_120_b_does_not_fit_one_b200_and_a_wave_that_does_not_fit_h
     assert out["sequences_fit"][0] < 1 and out["throughput_tok_s"][0] == 0
 
 
-def test_grid_keeps_modelopts_limits() -> None:
-    model = super_model()
-    plan = {"hidden_step": 256, "mamba_head_step": 8, "expert_step": 8, "expert_ffn_step": 256, "shared_ffn_step": 512, "depth_step": 2}
-    g = grid(model, plan, 0.4, 0.2)
-    assert g["hidden_size"].min() >= 0.6 * 4096 and g["n_routed_experts"].min() >= 0.6 * 512
-    assert (g["mamba_num_heads"] % model.n_groups == 0).all()
-    dropped = 80 - g["mamba_layers"] - g["moe_layers"]
-    assert dropped.max() <= 0.2 * 88 and dropped.min() == 0 and (g["attention_layers"] == 8).all()
+MODELOPT = {"hidden_size_divisor": 256, "ffn_hidden_size_divisor": 512, "mamba_head_dim_divisor": 8}
+MODELOPT |= {"num_moe_experts_divisor": 8, "num_layers_divisor": 2}
+
+
+def test_the_grid_is_modelopts_for_hybrids() -> None:
+    """Multiples of each divisor (and the full size), the top 60 % of them; Mamba heads in multiples of the 8 groups."""
+    widths, drops = axes(super_model(), MODELOPT, 0.4, 0.2)
+    assert widths == {
+        "hidden_size": list(range(2560, 4097, 256)),  # 16 multiples of 256, the top 7
+        "mamba_num_heads": list(range(80, 129, 8)),
+        "mamba_head_dim": [40, 48, 56, 64],
+        "n_routed_experts": list(range(312, 513, 8)),
+        "moe_intermediate_size": [2048, 2560, 2688],  # 2688 is not a multiple of 512: the full size joins the choices
+        "moe_shared_expert_intermediate_size": [3584, 4096, 4608, 5120, 5376],
+        "intermediate_size": [2688],  # no MLP blocks: not searched
+    }
+    # 88 layers -> 72..88 in steps of 2: 0..16 blocks dropped, split every way between 40 Mamba and 40 MoE blocks
+    assert {a + b for a, b in drops} == set(range(0, 17, 2)) and len(drops) == sum(t + 1 for t in range(0, 17, 2))
+    chunk = next(shapes(super_model(), widths, drops))
+    assert (chunk["attention_layers"] == 8).all() and len(chunk["hidden_size"]) == 4 * 26 * 3 * 5 * len(drops)
 
 
 def test_plan_lists_shapes_that_fit_one_b200_at_128k(tmp_path: Path) -> None:
@@ -181,22 +193,32 @@ def test_plan_lists_shapes_that_fit_one_b200_at_128k(tmp_path: Path) -> None:
     assert "uniform importance prior" in md and "| total | 230.59 |" in md
 
 
+COARSE = [
+    f"plan.{k}={v}" for k, v in {"hidden_size_divisor": 1024, "ffn_hidden_size_divisor": 1024, "mamba_head_dim_divisor": 32}.items()
+] + ["plan.num_moe_experts_divisor=64", "plan.num_layers_divisor=8"]
+
+
 def test_plan_widens_the_limits_when_nothing_fits_and_says_so(tmp_path: Path) -> None:
-    proc = run_cli(
-        "autocompress.plan", "+scenario=b200_longctx", f"results.dir={tmp_path}", "results.run_id=t", "scenario.constraints.memory_gib=50"
-    )
+    # on this coarse grid the smallest shape needs 72.8 GiB within ModelOpt's limits (0.4, 0.2), 51.9 within (0.5, 0.3)
+    args = ("+scenario=b200_longctx", f"results.dir={tmp_path}", "scenario.constraints.memory_gib=60", *COARSE)
+    proc = run_cli("autocompress.plan", *args, "results.run_id=t")
     assert proc.returncode == 0, proc.stderr
     meta = json.loads((tmp_path / "b200_longctx" / "plan-t" / "metadata.json").read_text())
-    # the smallest shape within ModelOpt's limits (0.4, 0.2) needs 58.9 GiB
-    assert meta["limits"] == {"max_width_pruning": 0.5, "max_depth_pruning": 0.3} and meta["first"]["memory_gib"] <= 50
+    assert meta["limits"] == {"max_width_pruning": 0.5, "max_depth_pruning": 0.3} and meta["first"]["memory_gib"] <= 60
+    capped = run_cli("autocompress.plan", *args, "results.run_id=u", "plan.max_shapes=10000")  # the (0.5, 0.3) grid holds 19,968
+    assert capped.returncode == 2 and "the grid at width 0.5 / depth 0.3 holds 19,968 shapes" in capped.stderr
+    assert "at width 0.4 / depth 0.2 pruning" in capped.stderr and not (tmp_path / "b200_longctx" / "plan-u").exists()
 
 
 @pytest.mark.parametrize(
     ("override", "message"),
     [
         ("architecture.path=/nonexistent/config.json", "architecture.path=/nonexistent/config.json: no such file"),
-        ("plan.max_width_pruning=1.5", "plan.max_width_pruning=1.5 must be in [0, 1)"),
+        ("plan.max_width_pruning=1.5", "plan.max_width_pruning=1.5 must be a number in [0, 1)"),
         ("cost_model=/some/fit.json", "the planner takes auto or analytic"),
+        ("plan.hidden_size_divisor=abc", "plan.hidden_size_divisor='abc' must be a whole number >= 1"),
+        ("architecture.hidden_size=abc", "architecture.hidden_size='abc' must be a whole number >= 0"),
+        ("architecture.path=/etc/hostname", "is not a JSON config"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, override: str, message: str) -> None:
@@ -238,3 +260,18 @@ def test_vllm_cpu_serves_a_pruned_hybrid_shape_as_transformers_runs_it(tmp_path:
         expected = pruned.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=8, do_sample=False)[:, 8:]
     assert len(set(expected.flatten().tolist())) > 4
     assert vllm_greedy(out, prompts.tolist(), 8) == expected.tolist()
+
+
+def test_a_config_saved_by_transformers_reads_back_with_its_biases(tmp_path: Path) -> None:
+    """layers_block_type with transformers' names, legacy keys, biases: the count is still Hugging Face's."""
+    from transformers import NemotronHConfig
+
+    fields = shape_config(tiny_hybrid(), one(tiny_hybrid().base_shape())) | {"use_bias": True, "mlp_bias": True, "use_conv_bias": False}
+    NemotronHConfig(**fields, num_nextn_predict_layers=0).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert "hybrid_override_pattern" not in saved and "linear_attention" in saved["layers_block_type"]
+    model = HybridModel.from_file(tmp_path)
+    assert model.hybrid_override_pattern == "ME*EM-E" and model.use_bias and model.mlp_bias and not model.use_conv_bias
+    assert parameters(model, model.base_shape())["total"][0] == hf_count(shape_config(model, one(model.base_shape())))
+    legacy = {k: v for k, v in fields.items() if k != "n_groups"} | {"mamba_n_groups": 2}
+    assert HybridModel.from_mapping(legacy).n_groups == 2

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,15 @@ WIDTHS = (
     "hidden_size",
     "num_attention_heads",
     "mamba_num_heads",
+    "mamba_head_dim",
     "n_routed_experts",
     "moe_intermediate_size",
     "moe_shared_expert_intermediate_size",
     "intermediate_size",
 )
 # fields a model without blocks of that kind need not give
+LETTERS = {"mamba": "M", "linear_attention": "M", "moe": "E", "attention": "*", "full_attention": "*", "mlp": "-"}
+LEGACY = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel", "mamba_conv_bias": "use_conv_bias"}
 UNUSED_WITHOUT = {
     "E": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_shared_expert_intermediate_size"),
     "M": ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel"),
@@ -63,6 +66,9 @@ class HybridModel:
     moe_latent_size: int | None = None
     intermediate_size: int = 0  # dense MLP blocks ("-")
     mamba_ssm_cache_dtype: str = "float32"
+    use_conv_bias: bool = True  # the Mamba convolution's bias
+    use_bias: bool = False  # the Mamba in/out projections' biases
+    mlp_bias: bool = False  # MLP, shared-expert and latent projections' biases
     source: str = ""  # where these numbers come from
 
     def __post_init__(self) -> None:
@@ -78,22 +84,33 @@ class HybridModel:
 
     @staticmethod
     def from_mapping(data: Mapping[str, Any], name: str = "") -> HybridModel:
-        """From a Nemotron-H config.json (or the same fields in YAML); other keys of the file are ignored."""
-        known = {f.name for f in fields(HybridModel)}
+        """From a Nemotron-H config.json (or the same fields in YAML); other keys of the file are ignored.
+
+        Takes Hugging Face's names and their older aliases (layers_block_type, mamba_n_groups,
+        mamba_d_conv, mamba_conv_bias) and its defaults for head_dim (128) and the biases.
+        """
         data = dict(data)
+        for old, new in LEGACY.items():
+            if old in data and new not in data:
+                data[new] = data.pop(old)
         if "hybrid_override_pattern" not in data and isinstance(data.get("layers_block_type"), list):
-            letters = {"mamba": "M", "moe": "E", "attention": "*", "full_attention": "*", "mlp": "-"}
-            data["hybrid_override_pattern"] = "".join(letters.get(t, "?") for t in data["layers_block_type"])
-        data.setdefault("head_dim", data["hidden_size"] // data["num_attention_heads"] if "hidden_size" in data else 0)
+            data["hybrid_override_pattern"] = "".join(LETTERS.get(str(t), "?") for t in data["layers_block_type"])
+        data.setdefault("head_dim", 128)
         for letter, keys in UNUSED_WITHOUT.items():
             if letter not in str(data.get("hybrid_override_pattern", letter)):
                 data |= {k: data.get(k) or 0 for k in keys}
-        missing = sorted(
-            k for k in known - {"name", "source", "moe_latent_size", "intermediate_size", "mamba_ssm_cache_dtype"} if k not in data
-        )
+        known = {f.name: f for f in fields(HybridModel)}
+        optional = {k for k, f in known.items() if f.default is not MISSING}
+        missing = sorted(k for k in known if k not in optional and k != "name" and k not in data)
         if missing:
             raise ConfigError(f"the architecture lacks {', '.join(missing)}: is it a Nemotron-H (model_type nemotron_h) config?")
         kwargs = {k: v for k, v in data.items() if k in known}
+        for key, value in kwargs.items():
+            want = bool if known[key].type in ("bool",) else int if "int" in str(known[key].type) else None
+            if want is int and value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ConfigError(f"architecture.{key}={value!r} must be a whole number >= 0")
+            if want is bool and not isinstance(value, bool):
+                raise ConfigError(f"architecture.{key}={value!r} must be true or false")
         kwargs["name"] = str(kwargs.get("name") or name or "hybrid")
         return HybridModel(**kwargs)
 
@@ -104,7 +121,12 @@ class HybridModel:
         p = p / "config.json" if p.is_dir() else p
         if not p.is_file():
             raise ConfigError(f"architecture.path={path}: no such file (give a Nemotron-H config.json or the folder holding it)")
-        data = json.loads(p.read_text())
+        try:
+            data = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"architecture.path={path}: {p} is not a JSON config ({exc})") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"architecture.path={path}: {p} holds no JSON object")
         if data.get("model_type") not in (None, "nemotron_h"):
             raise ConfigError(
                 f"architecture.path={path} is a {data.get('model_type')!r} model; the planner reads Nemotron-H (nemotron_h) configs"
@@ -125,26 +147,29 @@ def parameters(model: HybridModel, s: Mapping[str, np.ndarray]) -> dict[str, np.
     """Parameters of a shape by part, `total`, and `active` (those one token uses), as Hugging Face's NemotronH builds them.
 
     h hidden, V vocab, per block a norm h plus its mixer:
-      mamba:     in_proj h*(2*di + 2*g*N + nh), conv1d (di + 2*g*N)*(K + 1), dt_bias/A_log/D 3*nh, norm di,
-                 out_proj di*h; di = nh * mamba_head_dim
+      mamba:     in_proj h*(2*di + 2*g*N + nh), conv1d (di + 2*g*N)*(K + conv bias), dt_bias/A_log/D 3*nh,
+                 norm di, out_proj di*h (+ their biases with use_bias); di = nh * mamba_head_dim
       attention: q and o 2*h*(nq*hd), k and v 2*h*(nkv*hd)
       moe:       router E*h, routed experts E * 2*f*l (up and down, no gate; l = latent width, else h),
-                 latent projections 2*h*l (when latent), shared expert 2*h*s
-      mlp:       2*h*i (up and down, no gate)
+                 latent projections 2*h*l (when latent), shared expert 2*h*s (+ biases with mlp_bias)
+      mlp:       2*h*i (up and down, no gate; + biases with mlp_bias)
     embedding V*h (+ untied LM head V*h), final norm h. Active: k of the E routed experts.
     """
     h = s["hidden_size"].astype(np.float64)
     nh = s["mamba_num_heads"]
-    di = nh * model.mamba_head_dim
+    di = nh * s["mamba_head_dim"]
     gn = 2 * model.n_groups * model.ssm_state_size
-    mamba = h * (2 * di + gn + nh) + (di + gn) * (model.conv_kernel + 1) + 3 * nh + di + di * h + h
+    mamba = h * (2 * di + gn + nh) + (di + gn) * (model.conv_kernel + model.use_conv_bias) + 3 * nh + di + di * h + h
+    mamba = mamba + model.use_bias * (2 * di + gn + nh + h)
     q, kv = s["num_attention_heads"] * model.head_dim, model.num_key_value_heads * model.head_dim
     attention = 2 * h * q + 2 * h * kv + h
     experts, f = s["n_routed_experts"], s["moe_intermediate_size"]
     latent = model.moe_latent_size or h
     expert = 2.0 * f * latent
-    moe_fixed = experts * h + (2 * h * latent if model.moe_latent_size else 0) + 2 * h * s["moe_shared_expert_intermediate_size"] + h
-    mlp = 2 * h * s["intermediate_size"] + h
+    shared = s["moe_shared_expert_intermediate_size"]
+    latent_proj = (2 * h * latent + model.mlp_bias * (latent + h)) if model.moe_latent_size else 0
+    moe_fixed = experts * h + latent_proj + 2 * h * shared + model.mlp_bias * (shared + h) + h
+    mlp = 2 * h * s["intermediate_size"] + model.mlp_bias * (s["intermediate_size"] + h) + h
     embed = model.vocab_size * h * (1 if model.tie_word_embeddings else 2) + h
     parts = {
         "embedding": embed,

