@@ -190,7 +190,9 @@ def print_table(frame: pd.DataFrame) -> None:
     print(frame[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if "feasible_measured" in frame:
         n, strict, loose = len(frame), int(frame["feasible_measured"].sum()), int(frame["feasible_within_noise"].sum())
-        print(f"\nmeasured feasible: {strict}/{n}; within noise: {loose}/{n}")
+        unverified = sorted({m for v in frame.get("unverified_constraints", pd.Series(dtype=str)).dropna() for m in str(v).split(",") if m})
+        note = f" (judged without {', '.join(unverified)}: not measurable here)" if unverified else ""
+        print(f"\nmeasured feasible: {strict}/{n}; within noise: {loose}/{n}{note}")
 
 
 USAGE = "usage: python -m autocompress.verify results/<scenario>/<run_id>[/pareto.parquet] [verify.source=engine|aiconfigurator]"
