@@ -178,13 +178,7 @@ def search(model: HybridModel, scenario: Scenario, cost: HybridCost, plan: Mappi
 SHOWN = [
     "params",
     "active_params",
-    "hidden_size",
-    "mamba_num_heads",
-    "mamba_head_dim",
-    "n_routed_experts",
-    "moe_intermediate_size",
-    "moe_shared_expert_intermediate_size",
-    "intermediate_size",
+    *(w for w in WIDTHS if w != "num_attention_heads"),  # query heads are not searched here
     "mamba_layers",
     "moe_layers",
     "memory_gib",

@@ -33,9 +33,9 @@ WIDTHS = (
     "moe_shared_expert_intermediate_size",
     "intermediate_size",
 )
-# fields a model without blocks of that kind need not give
 LETTERS = {"mamba": "M", "linear_attention": "M", "moe": "E", "attention": "*", "full_attention": "*", "mlp": "-"}
 LEGACY = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel", "mamba_conv_bias": "use_conv_bias"}
+# fields a model without blocks of that kind need not give
 UNUSED_WITHOUT = {
     "E": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_shared_expert_intermediate_size"),
     "M": ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel"),
