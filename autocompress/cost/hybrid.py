@@ -86,7 +86,12 @@ class HybridCost:
         per_layer = per_layer + (m.conv_kernel - 1) * (di + 2 * m.n_groups * m.ssm_state_size) * self.wl.weight_bytes
         return s["mamba_layers"] * per_layer
 
-    def memory(self, s: Shape) -> dict[str, np.ndarray]:
+    def kv_per_token(self, s: Shape) -> np.ndarray:
+        """KV-cache bytes per token, all attention blocks: blocks * 2 (K, V) * nkv * hd * kv bytes."""
+        m = self.model
+        return s["attention_layers"] * 2.0 * m.num_key_value_heads * m.head_dim * self.wl.kv_bytes
+
+    def memory(self, s: Shape, params: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """GiB by line: weights (by part), KV cache, Mamba state, workspace, engine overhead, and their sum `memory_gib`.
 
         KV cache: attention blocks * 2 * nkv * hd * kv bytes per token, for workload.kv_tokens =
@@ -94,14 +99,13 @@ class HybridCost:
         sequences; workspace: fp32 buffers of a prefill chunk, 4 * (4 * M * h + rows * V) bytes.
         """
         m, wl, hw = self.model, self.wl, self.hw
-        params = parameters(m, s)
+        params = parameters(m, s) if params is None else params
         lines = {f"weights_{k}_gib": v * wl.weight_bytes / GIB for k, v in params.items() if k not in ("total", "active")}
-        kv_token = s["attention_layers"] * 2.0 * m.num_key_value_heads * m.head_dim * wl.kv_bytes
         rows = min(hw.max_num_batched_tokens, wl.concurrency)
         workspace = 4.0 * (4 * hw.max_num_batched_tokens * s["hidden_size"] + rows * m.vocab_size)
         lines |= {
             "weights_gib": params["total"] * wl.weight_bytes / GIB,
-            "kv_cache_gib": kv_token * wl.kv_tokens / GIB,
+            "kv_cache_gib": self.kv_per_token(s) * wl.kv_tokens / GIB,
             "mamba_state_gib": wl.concurrency * self.state_bytes(s) / GIB,
             "workspace_gib": workspace / GIB,
             "overhead_gib": np.full_like(workspace, hw.memory_overhead_gib),
@@ -169,11 +173,10 @@ class HybridCost:
         prices the whole wave even where it does not fit (the base model that relative bounds refer to).
         """
         m, wl, hw = self.model, self.wl, self.hw
-        out = self.memory(s)
         params = parameters(m, s)
-        kv_token = s["attention_layers"] * 2.0 * m.num_key_value_heads * m.head_dim * wl.kv_bytes
+        out = self.memory(s, params)
         free = hw.memory_utilization * hw.memory_gib * GIB - (out["weights_gib"] + out["workspace_gib"] + out["overhead_gib"]) * GIB
-        per_sequence = kv_token * (wl.prompt_len + wl.output_len) + self.state_bytes(s)
+        per_sequence = self.kv_per_token(s) * (wl.prompt_len + wl.output_len) + self.state_bytes(s)
         fits = free / np.maximum(per_sequence, 1.0)
         batch = np.full_like(fits, wl.concurrency) if whole_wave else np.clip(np.minimum(fits, wl.concurrency), 1e-3, None)
         ttft, tpot = self._prefill(s, batch), self._decode(s, batch)
