@@ -127,7 +127,7 @@ def evaluate(cost: HybridCost, shapes: Mapping[str, np.ndarray], constraints: tu
     df["fits_device"] = (df["sequences_fit"] >= cost.wl.concurrency) & (df["memory_gib"] <= share * (1 + 1e-9))
     ok = df["fits_device"].copy()
     for c in constraints:
-        ok &= df[c.metric] <= c.value * (1 + 1e-9) if c.sense == "max" else df[c.metric] >= c.value * (1 - 1e-9)
+        ok &= c.satisfied(df[c.metric])  # elementwise on a column
     df["feasible"] = ok
     df["memory_headroom_gib"] = (
         min([share, *(c.value for c in constraints if c.metric == "memory_gib")]) - df["memory_gib"]
