@@ -17,7 +17,6 @@ results/<scenario>/plan-<run_id>/.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import itertools
 import math
@@ -39,7 +38,7 @@ from autocompress.config.cliargs import task as hydra_task
 from autocompress.config.compose import plain
 from autocompress.config.metrics import Constraint
 from autocompress.config.schema import Hardware, Scenario
-from autocompress.cost.fitted import FITTED, latest_record
+from autocompress.cost.fitted import latest_record, with_terms
 from autocompress.cost.hybrid import HybridCost
 from autocompress.errors import ConfigError, InfeasibleError
 from autocompress.io import check_writable, log, markdown, staged, write_json, write_parquet, write_text
@@ -108,10 +107,9 @@ def hardware_terms(hw: Hardware, choice: str) -> tuple[Hardware, str]:
     record = latest_record(None, hw.name, hw.engine) if choice == "auto" and not hw.cpu else None
     if record is None:
         return hw, f"analytic/{hw.name} (the hardware file's efficiencies)"
-    terms = {k: v for k, v in record["parameters"].items() if k in FITTED}
     source = record.get("source_kind") or "engine"
-    return dataclasses.replace(
-        hw, **terms
+    return with_terms(
+        hw, record["parameters"]
     ), f"analytic/{hw.name}, efficiencies of the dense-model fit {record['hardware']}/{source} (shipped)"
 
 

@@ -62,6 +62,12 @@ class Measurement:
     values: dict[str, float]  # measured ttft_ms, tpot_ms, throughput_tok_s, kv_capacity_tokens
 
 
+def with_terms(hardware: Hardware, parameters: dict[str, float]) -> Hardware:
+    """`hardware` with a fit's terms and the peaks they were fitted against (other keys of `parameters` ignored)."""
+    terms: dict[str, Any] = {k: v for k, v in parameters.items() if k in (*FITTED, *PEAKS)}
+    return dataclasses.replace(hardware, **terms)
+
+
 class FittedCostModel(CostModel):
     """AnalyticCostModel with fitted hardware terms; knows the ranges it was fitted on."""
 
@@ -74,8 +80,7 @@ class FittedCostModel(CostModel):
         self.parameters: dict[str, float] = by_workload or record["parameters"]
         # the peaks the terms were fitted against (a CPU's measured peaks may be re-measured since); a
         # workload fitted on its own (same name and shape) uses its own terms
-        fitted = {k: v for k, v in self.parameters.items() if k in (*FITTED, *PEAKS)}
-        self._inner = AnalyticCostModel(space, dataclasses.replace(hardware, **fitted), workload)
+        self._inner = AnalyticCostModel(space, with_terms(hardware, self.parameters), workload)
 
     @property
     def id(self) -> str:
