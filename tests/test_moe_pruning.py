@@ -176,3 +176,20 @@ def test_the_tiny_model_learns_and_its_experts_are_not_used_alike(tmp_path: Path
     assert again.path == trained.path and time.time() - start < 5  # cached, not retrained
     with pytest.raises(ConfigError, match=r"data\.source=jsonl"):
         tiny_hybrid_moe(DataSpec(), SMALL)
+
+
+def test_the_cost_models_parameter_count_is_transformers(model_and_importance: tuple[Any, Any, torch.Tensor]) -> None:
+    """GraniteMoeHybrid in Nemotron-H terms (gated experts): the count HybridCost prices is the model's numel, pruned too."""
+    from autocompress.arch.hybrid import HybridModel, parameters
+    from autocompress.arch.moe_pruning import hybrid_shapes
+
+    model, imp, _ = model_and_importance
+    hybrid = HybridModel.from_granite(model.config)
+    assert hybrid.hybrid_override_pattern == "MEME*EMEME*E" and hybrid.gated_mlp
+    shapes = [MoEShape.of(model.config), MoEShape(experts=5, expert_ffn=96, shared_ffn=160, layers=(0, 2, 3, 5))]
+    counts = parameters(hybrid, hybrid_shapes(hybrid, model.config.layer_types, shapes))
+    for shape, total, active in zip(shapes, counts["total"], counts["active"], strict=True):
+        pruned = prune(model, shape, imp)
+        assert total == sum(p.numel() for p in pruned.parameters())
+        idle = (shape.experts - 2) * 3 * shape.expert_ffn * 128 * len(shape.layers)  # the routed experts a token does not use
+        assert active == total - idle

@@ -69,6 +69,7 @@ class HybridModel:
     use_conv_bias: bool = True  # the Mamba convolution's bias
     use_bias: bool = False  # the Mamba in/out projections' biases
     mlp_bias: bool = False  # MLP, shared-expert and latent projections' biases
+    gated_mlp: bool = False  # experts, shared expert and MLP blocks SiLU-gated (3 matrices, GraniteMoeHybrid) instead of relu^2 (2)
     source: str = ""  # where these numbers come from
 
     def __post_init__(self) -> None:
@@ -133,6 +134,39 @@ class HybridModel:
             )
         return HybridModel.from_mapping(data, name=p.parent.name if p.name == "config.json" else p.stem)
 
+    @staticmethod
+    def from_granite(config: Any, name: str = "") -> HybridModel:
+        """A GraniteMoeHybrid config (transformers object or dict) in Nemotron-H terms: each layer is a mixer block
+        (`M` Mamba-2 or `*` attention) followed by an `E` block (routed plus shared SiLU-gated experts)."""
+        c = config if isinstance(config, Mapping) else config.to_dict()
+        letter = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*"}
+        pattern = "".join(letter[str(t)] + "E" for t in c["layer_types"])
+        if c.get("num_local_experts", 0) < 1:
+            raise ConfigError("the GraniteMoeHybrid model has no routed experts (num_local_experts=0); prune it as a dense model")
+        return HybridModel(
+            name=name or str(c.get("_name_or_path") or "granitemoehybrid"),
+            hybrid_override_pattern=pattern,
+            hidden_size=c["hidden_size"],
+            vocab_size=c["vocab_size"],
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", True)),
+            num_attention_heads=c["num_attention_heads"],
+            num_key_value_heads=c["num_key_value_heads"],
+            head_dim=c["hidden_size"] // c["num_attention_heads"],
+            mamba_num_heads=c["mamba_n_heads"],
+            mamba_head_dim=c["mamba_d_head"],
+            ssm_state_size=c["mamba_d_state"],
+            n_groups=c["mamba_n_groups"],
+            conv_kernel=c["mamba_d_conv"],
+            n_routed_experts=c["num_local_experts"],
+            num_experts_per_tok=c["num_experts_per_tok"],
+            moe_intermediate_size=c["intermediate_size"],
+            moe_shared_expert_intermediate_size=c["shared_intermediate_size"],
+            use_conv_bias=bool(c.get("mamba_conv_bias", True)),
+            use_bias=bool(c.get("mamba_proj_bias", False)),
+            gated_mlp=True,
+            source="GraniteMoeHybrid config",
+        )
+
     def count(self, kind: str) -> int:
         """Blocks of one kind ("mamba", "moe", "attention", "mlp")."""
         return sum(KINDS[c] == kind for c in self.hybrid_override_pattern)
@@ -153,6 +187,7 @@ def parameters(model: HybridModel, s: Mapping[str, np.ndarray]) -> dict[str, np.
       moe:       router E*h, routed experts E * 2*f*l (up and down, no gate; l = latent width, else h),
                  latent projections 2*h*l (when latent), shared expert 2*h*s (+ biases with mlp_bias)
       mlp:       2*h*i (up and down, no gate; + biases with mlp_bias)
+    With gated_mlp (GraniteMoeHybrid) experts, shared expert and MLP have a gate too: 3 matrices, not 2.
     embedding V*h (+ untied LM head V*h), final norm h. Active: k of the E routed experts.
     """
     h = s["hidden_size"].astype(np.float64)
@@ -165,11 +200,12 @@ def parameters(model: HybridModel, s: Mapping[str, np.ndarray]) -> dict[str, np.
     attention = 2 * h * q + 2 * h * kv + h
     experts, f = s["n_routed_experts"], s["moe_intermediate_size"]
     latent = model.moe_latent_size or h
-    expert = 2.0 * f * latent
+    mats = 3.0 if model.gated_mlp else 2.0  # gate, up, down (gated) or up, down
+    expert = mats * f * latent
     shared = s["moe_shared_expert_intermediate_size"]
     latent_proj = (2 * h * latent + model.mlp_bias * (latent + h)) if model.moe_latent_size else 0
-    moe_fixed = experts * h + latent_proj + 2 * h * shared + model.mlp_bias * (shared + h) + h
-    mlp = 2 * h * s["intermediate_size"] + model.mlp_bias * (s["intermediate_size"] + h) + h
+    moe_fixed = experts * h + latent_proj + mats * h * shared + model.mlp_bias * (shared + h) + h
+    mlp = mats * h * s["intermediate_size"] + model.mlp_bias * (s["intermediate_size"] + h) + h
     embed = model.vocab_size * h * (1 if model.tie_word_embeddings else 2) + h
     parts = {
         "embedding": embed,
@@ -198,7 +234,7 @@ def shape_config(model: HybridModel, shape: Mapping[str, Any]) -> dict[str, Any]
         if seen[kind] < keep[kind]:
             kept.append(letter)
         seen[kind] += 1
-    out = {f.name: getattr(model, f.name) for f in fields(model) if f.name not in ("name", "source")}
+    out = {f.name: getattr(model, f.name) for f in fields(model) if f.name not in ("name", "source", "gated_mlp")}
     out |= {k: int(shape[k]) for k in WIDTHS}
     out |= {"hybrid_override_pattern": "".join(kept), "num_hidden_layers": len(kept), "model_type": "nemotron_h"}
     return out

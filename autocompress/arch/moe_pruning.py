@@ -26,9 +26,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
+from autocompress.arch.hybrid import HybridModel
 from autocompress.errors import ConfigError
+
+MAMBA = ("mamba", "linear_attention")  # transformers' names for a Mamba-2 layer
 
 
 @dataclass(frozen=True)
@@ -199,3 +203,22 @@ def prune(model: Any, shape: MoEShape, importance: MoEImportance) -> Any:
     out.load_state_dict({k: v.clone().contiguous() for k, v in state.items()}, strict=True)
     out.eval().requires_grad_(False)
     return out
+
+
+def hybrid_shapes(model: HybridModel, layer_types: list[str], shapes: list[MoEShape]) -> dict[str, np.ndarray]:
+    """The shapes as arrays in autocompress.arch.hybrid's terms (what HybridCost prices): widths, and blocks kept per kind."""
+    mamba = [sum(layer_types[i] in MAMBA for i in s.layers) for s in shapes]
+    return {
+        "hidden_size": np.full(len(shapes), model.hidden_size),
+        "num_attention_heads": np.full(len(shapes), model.num_attention_heads),
+        "mamba_num_heads": np.full(len(shapes), model.mamba_num_heads),
+        "mamba_head_dim": np.full(len(shapes), model.mamba_head_dim),
+        "n_routed_experts": np.array([s.experts for s in shapes]),
+        "moe_intermediate_size": np.array([s.expert_ffn for s in shapes]),
+        "moe_shared_expert_intermediate_size": np.array([s.shared_ffn for s in shapes]),
+        "intermediate_size": np.zeros(len(shapes), dtype=np.int64),
+        "mamba_layers": np.array(mamba),
+        "attention_layers": np.array([len(s.layers) for s in shapes]) - np.array(mamba),
+        "moe_layers": np.array([len(s.layers) for s in shapes]),
+        "mlp_layers": np.zeros(len(shapes), dtype=np.int64),
+    }

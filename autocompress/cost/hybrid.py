@@ -67,14 +67,15 @@ class HybridCost:
         m, h = self.model, s["hidden_size"].astype(np.float64)
         di = s["mamba_num_heads"] * s["mamba_head_dim"]
         latent = m.moe_latent_size or h
+        mats = 3.0 if m.gated_mlp else 2.0
         return {
             "mamba": h * (2 * di + 2 * m.n_groups * m.ssm_state_size + s["mamba_num_heads"]) + di * h,
             "attention": 2 * h * s["num_attention_heads"] * m.head_dim + 2 * h * m.num_key_value_heads * m.head_dim,
-            "expert": 2.0 * s["moe_intermediate_size"] * latent,
+            "expert": mats * s["moe_intermediate_size"] * latent,
             "moe_dense": h * s["n_routed_experts"]
             + (2 * h * latent if m.moe_latent_size else 0)
-            + 2 * h * s["moe_shared_expert_intermediate_size"],
-            "mlp": 2 * h * s["intermediate_size"],
+            + mats * h * s["moe_shared_expert_intermediate_size"],
+            "mlp": mats * h * s["intermediate_size"],
             "head": h * m.vocab_size,
         }
 
