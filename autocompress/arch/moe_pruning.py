@@ -139,7 +139,7 @@ def moe_importance(model: Any, tokens: torch.Tensor, batch_size: int = 4) -> MoE
         hooks.append(layer.register_forward_hook(block, with_kwargs=True))
     try:
         for start in range(0, len(tokens), batch_size):
-            model(tokens[start : start + batch_size])
+            model(tokens[start : start + batch_size], use_cache=False)
     finally:
         for h in hooks:
             h.remove()
@@ -155,14 +155,15 @@ def moe_importance(model: Any, tokens: torch.Tensor, batch_size: int = 4) -> MoE
 
 def _top(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k highest scores, in their original order (ties: lower index first)."""
-    order = sorted(range(len(scores)), key=lambda j: (-float(scores[j]), j))[:k]
-    return torch.tensor(sorted(order), dtype=torch.long)
+    order = torch.sort(-scores, stable=True).indices[:k]
+    return torch.sort(order).values
 
 
 @torch.no_grad()
 def prune(model: Any, shape: MoEShape, importance: MoEImportance) -> Any:
     """A new GraniteMoeHybridForCausalLM of `shape`, its weights sliced from `model` by `importance`."""
     from transformers import GraniteMoeHybridForCausalLM
+    from transformers.initialization import no_init_weights
 
     cfg = model.config
     shape.check(cfg)
@@ -176,7 +177,8 @@ def prune(model: Any, shape: MoEShape, importance: MoEImportance) -> Any:
             "layer_types": [cfg.layer_types[i] for i in shape.layers],
         }
     )
-    out = GraniteMoeHybridForCausalLM(new_cfg)
+    with no_init_weights():  # every weight is overwritten below
+        out = GraniteMoeHybridForCausalLM(new_cfg)
     state: dict[str, torch.Tensor] = {}
     for name, value in model.state_dict().items():  # embeddings, final norm, untouched layer parts: copied
         if not name.startswith("model.layers."):
@@ -201,6 +203,8 @@ def prune(model: Any, shape: MoEShape, importance: MoEImportance) -> Any:
             state[p + "block_sparse_moe.experts.gate_up_proj"] = torch.stack(gate_up)
             state[p + "block_sparse_moe.experts.down_proj"] = torch.stack(down)
     out.load_state_dict({k: v.clone().contiguous() for k, v in state.items()}, strict=True)
+    if cfg.tie_word_embeddings:
+        out.tie_weights()  # no_init_weights skips the tying that construction does
     out.eval().requires_grad_(False)
     return out
 

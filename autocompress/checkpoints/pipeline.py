@@ -99,7 +99,7 @@ class ExportRequest:
     vllm: bool = False
 
 
-def export(req: ExportRequest) -> Exported:
+def export(req: ExportRequest) -> Exported | dict[str, Any]:
     """Export the requested trial of a sweep run to `req.out` (verified unless asked not to)."""
     path = results_file(req.results)
     check_output(req.out, req.overwrite)
@@ -108,6 +108,10 @@ def export(req: ExportRequest) -> Exported:
     row = select_trial(path, req.trial, req.index, req.force)
     run_dir = path.parent
     spec = run_spec_of(run_dir)
+    if row.get("family") == "granitemoehybrid":
+        from autocompress.checkpoints.moe_export import export_moe
+
+        return export_moe(row, spec, req.out, req.overwrite, req.verify, req.vllm)
     meta = json.loads((run_dir / RUN_METADATA).read_text()) if (run_dir / RUN_METADATA).exists() else {}
     arch = Architecture.from_json(row["architecture"])
     loaded = load_base_model(spec.model)
@@ -132,7 +136,15 @@ def export(req: ExportRequest) -> Exported:
     return exported
 
 
-def summary(e: Exported) -> str:
+def summary(e: Exported | dict[str, Any]) -> str:
+    if isinstance(e, dict):  # a hybrid-MoE trial (autocompress.checkpoints.moe_export)
+        lines = [f"exported trial {e['trial_id']} (GraniteMoeHybrid, {e['params']:,} parameters) -> {e['out']}"]
+        if "kl_select" in e:
+            kl = f"selection KL {e['kl_select']:.6f} = the trial's {e['trial_kl_select']:.6f}"
+            lines.append(f"verified: {kl}; reloads to the same logits")
+        if "vllm_greedy_match" in e:
+            lines.append("vLLM: greedy tokens equal transformers'")
+        return "\n".join(lines)
     lines = [f"exported trial {e.row['trial_id']} ({e.fmt}, {e.arch.num_params():,} parameters) -> {e.out}"]
     if (v := e.check) is not None:
         same = "match" if v.greedy_match else "DIFFER (near-tie logits)"

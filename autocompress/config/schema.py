@@ -140,10 +140,10 @@ class Scenario:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The base model: the embedded SmolLM2 GGUF, a Hugging Face path or hub id, or a tiny random Llama."""
+    """The base model: the embedded SmolLM2 GGUF, a Hugging Face path or hub id, a tiny random Llama, or the tiny hybrid MoE."""
 
     name: str
-    source: Literal["smollm2_gguf", "hf", "tiny"]
+    source: Literal["smollm2_gguf", "hf", "tiny", "tiny_hybrid_moe"]
     path: str | None = None  # hf: local directory or hub id
     num_layers: int = 4  # tiny only
     hidden_size: int = 64
@@ -152,10 +152,13 @@ class ModelSpec:
     num_key_value_heads: int = 2
     vocab_size: int = 256
     seed: int = 0
+    train_steps: int | None = None  # tiny_hybrid_moe: training steps (None: the recipe's, autocompress.model.tiny_moe)
 
     def __post_init__(self) -> None:
-        if self.source not in ("smollm2_gguf", "hf", "tiny"):
-            raise ConfigError(f"model.source={self.source!r} is unknown; use smollm2_gguf, hf or tiny")
+        if self.source not in ("smollm2_gguf", "hf", "tiny", "tiny_hybrid_moe"):
+            raise ConfigError(f"model.source={self.source!r} is unknown; use smollm2_gguf, hf, tiny or tiny_hybrid_moe")
+        if self.train_steps is not None and (isinstance(self.train_steps, bool) or self.train_steps < 1):
+            raise ConfigError(f"model.train_steps={self.train_steps!r} must be a whole number >= 1 (or null for the recipe's)")
         if self.source == "hf" and not self.path:
             raise ConfigError("model.path is required when model.source=hf (a local directory or hub id)")
 

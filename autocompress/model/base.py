@@ -113,6 +113,11 @@ def tiny_llama(spec: ModelSpec) -> Any:
 def load_base_model(spec: ModelSpec) -> BaseModel:
     """Load the base model in fp32 with frozen weights, in eval mode."""
     tokenizer: Any
+    if spec.source == "tiny_hybrid_moe":
+        raise ConfigError(
+            "model=tiny_hybrid_moe (GraniteMoeHybrid) is supported by sweep and export only so far; "
+            "compare and verify take Llama-family models"
+        )
     if spec.source == "tiny":
         model, tokenizer, path = tiny_llama(spec), ByteTokenizer(), None
     else:
@@ -125,7 +130,9 @@ def load_base_model(spec: ModelSpec) -> BaseModel:
         except OSError as exc:
             raise ConfigError(f"model.path={path!r} could not be loaded ({exc}); give a local checkpoint directory or a hub id") from exc
         if model.config.model_type != "llama":
-            raise ConfigError(f"model.path={path!r} is a {model.config.model_type!r} model; only Llama-family models are supported")
+            moe = model.config.model_type == "granitemoehybrid"
+            hybrid = " (GraniteMoeHybrid models: sweep and export take them, this command does not yet)" if moe else ""
+            raise ConfigError(f"model.path={path!r} is a {model.config.model_type!r} model; only Llama-family models are supported{hybrid}")
     model.eval()
     model.requires_grad_(False)
     return BaseModel(model=model, tokenizer=tokenizer, path=path)

@@ -108,7 +108,8 @@ def _key(recipe: TinyHybridMoE, data: DataSpec, tokenizer_dir: Path) -> str:
     if corpus is not None and corpus.exists():
         files = sorted(corpus.rglob("*")) if corpus.is_dir() else [corpus]
         stamp += [f"{f.name}:{f.stat().st_size}" for f in files if f.is_file()]
-    blob = json.dumps({"recipe": asdict(recipe), "data": asdict(data), "corpus": stamp, "tokenizer": tokenizer_dir.name}, sort_keys=True)
+    text = {k: v for k, v in asdict(data).items() if k not in ("seq_len", "calib_sequences", "select_sequences", "report_sequences")}
+    blob = json.dumps({"recipe": asdict(recipe), "data": text, "corpus": stamp, "tokenizer": tokenizer_dir.name}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 

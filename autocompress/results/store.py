@@ -42,6 +42,14 @@ TRIAL_SCHEMA: dict[str, tuple[str, str]] = {
     "mean_ffn": ("float64", "FFN intermediate size averaged over all layers (no-op = 0)"),
     "heterogeneous": ("bool", "layers differ in shape"),
     "params": ("int64", "parameter count"),
+    "family": ("string", "llama (dense: the gradient search) | granitemoehybrid (hybrid Mamba-2 / attention / MoE: search.moe)"),
+    "active_params": ("int64", "parameters one token uses (MoE: the top-k routed experts only; dense: = params)"),
+    "experts": ("int64", "routed experts kept per MoE layer (-1 for dense models)"),
+    "expert_ffn": ("int64", "each routed expert's FFN width (-1 for dense models)"),
+    "shared_ffn": ("int64", "the shared expert's FFN width (-1 for dense models)"),
+    "mamba_layers": ("int64", "Mamba-2 layers kept (-1 for dense models)"),
+    "attention_layers": ("int64", "attention layers kept (-1 for dense models; see num_attention_kept)"),
+    "layers_kept": ("string", "JSON list of the base model's layers kept (hybrid MoE models; empty for dense)"),
     "ttft_ms": ("float64", "predicted time to first token of the workload's wave, ms"),
     "tpot_ms": ("float64", "predicted time per output token, ms"),
     "throughput_tok_s": ("float64", "predicted output throughput, tokens/s"),
@@ -83,6 +91,9 @@ def architecture_columns(arch: Architecture) -> dict[str, Any]:
         "mean_ffn": sum(b.ffn for b in arch.blocks) / n,
         "heterogeneous": not arch.is_homogeneous(),
         "params": arch.num_params(),
+        "family": "llama",
+        "active_params": arch.num_params(),
+        "layers_kept": "",
     }
 
 

@@ -31,6 +31,7 @@ from autocompress.io import RUN_CONFIG, RUN_PARETO, RUN_RANKING, RUN_TRIALS, log
 from autocompress.results.pareto import COST_DIRECTIONS, QUALITY, pareto_frame
 from autocompress.results.store import architecture_columns, feasibility_columns, trials_frame
 from autocompress.search.differentiable import SearchInputs, SearchResult
+from autocompress.search.moe import FAMILY, MoEPrepared, is_hybrid_moe, prepare_moe, run_moe_trial
 from autocompress.search.prepare import Prepared, prepare
 from autocompress.search.runfolder import OPTUNA_JOURNAL, RunFolder, check_resumable, driver_info, git_sha, new_run_dir
 
@@ -241,11 +242,17 @@ def _stopper(watch: PendingWatch) -> Any:
 # --------------------------------------------------------------------------- the driver
 
 
-def _start(spec: RunSpec, config_yaml: str, prepared: Prepared, definition: dict[str, Any], run: RunFolder) -> dict[str, Any]:
+def _start(spec: RunSpec, config_yaml: str, prepared: Prepared | MoEPrepared, definition: dict[str, Any], run: RunFolder) -> dict[str, Any]:
     """Fill the claimed run folder: config.yaml, ranking.safetensors, metadata.json (status running)."""
     run.path.mkdir(parents=True, exist_ok=True)
     write_text(config_yaml, run.path / RUN_CONFIG)
-    prepared.inputs.ranking.save(run.path / RUN_RANKING)  # export slices weights in this order
+    if isinstance(prepared, MoEPrepared):  # each trial ranks on its own half of the calibration windows
+        model_facts = {"family": FAMILY, "cost_model": prepared.inputs.cost_model, "base_params": prepared.base_params}
+        model_facts["base_architecture"] = prepared.base_architecture
+    else:
+        prepared.inputs.ranking.save(run.path / RUN_RANKING)  # export slices weights in this order
+        model_facts = {"cost_model": prepared.cost_model.describe(), "base_params": prepared.space.base.num_params()}
+        model_facts["base_architecture"] = prepared.space.base.to_json()
     return {
         "status": "running",
         "started": dt.datetime.now().isoformat(timespec="seconds"),
@@ -253,11 +260,9 @@ def _start(spec: RunSpec, config_yaml: str, prepared: Prepared, definition: dict
         "git_sha": git_sha(),
         "scenario": spec.scenario.name,
         "model": spec.model.name,
-        "cost_model": prepared.cost_model.describe(),
         "base_costs": prepared.base_costs,
         "constraints": {c.metric: {"sense": c.sense, "value": c.value} for c in prepared.inputs.constraints},
-        "base_params": prepared.space.base.num_params(),
-        "base_architecture": prepared.space.base.to_json(),
+        **model_facts,
         "base_perplexity": prepared.base_perplexity,
         "base_kl": 0.0,
         "sweep_definition": definition,
@@ -266,18 +271,24 @@ def _start(spec: RunSpec, config_yaml: str, prepared: Prepared, definition: dict
     }
 
 
-def _resume(run: RunFolder, prepared: Prepared) -> dict[str, Any]:
+def _resume(run: RunFolder, prepared: Prepared | MoEPrepared) -> dict[str, Any]:
     """Reopen an interrupted run: its metadata (status running again) and the ranking its trials used."""
     from autocompress.arch.masking import Ranking
 
     meta = run.metadata()
     check_resumable(run.path, meta)
+    if isinstance(prepared, MoEPrepared):
+        return _reopened(meta)
     if not (run.path / RUN_RANKING).exists():
         raise ConfigError(f"{run.path} holds no ranking.safetensors; this run cannot be resumed, start a new one")
     saved = Ranking.load(run.path / RUN_RANKING)
     # the rival's selection KL was measured under the fresh ranking: trials measure it again under another one
     select = prepared.inputs.homogeneous_select if saved.same_as(prepared.inputs.ranking) else None
     prepared.inputs = dataclasses.replace(prepared.inputs, ranking=saved, homogeneous_select=select)
+    return _reopened(meta)
+
+
+def _reopened(meta: dict[str, Any]) -> dict[str, Any]:
     now = dt.datetime.now().isoformat(timespec="seconds")
     meta.update(status="running", resumed=[*meta.get("resumed", []), now], driver=driver_info())
     meta.pop("error", None)
@@ -288,7 +299,7 @@ def _fit(
     spec: RunSpec,
     definition: dict[str, Any],
     run: RunFolder,
-    prepared: Prepared,
+    prepared: Prepared | MoEPrepared,
     rows: list[dict[str, Any]],
     attempt: int,
 ) -> None:
@@ -305,9 +316,12 @@ def _fit(
         resources["memory"] = sw.memory_per_trial_gib * GIB
         asked += f", {sw.memory_per_trial_gib:g} GiB"
     watch = PendingWatch(sw.pending_warn_s, sw.pending_timeout_s, asked + " free for a trial")
-    trainable = tune.with_resources(
-        tune.with_parameters(run_trial, spec=spec, inputs=prepared.inputs, cost_model=prepared.cost_model), resources
-    )
+    if isinstance(prepared, MoEPrepared):
+        trainable = tune.with_resources(tune.with_parameters(run_moe_trial, spec=spec, inputs=prepared.inputs), resources)
+    else:
+        trainable = tune.with_resources(
+            tune.with_parameters(run_trial, spec=spec, inputs=prepared.inputs, cost_model=prepared.cost_model), resources
+        )
     tuner = tune.Tuner(
         trainable,
         param_space=param_space,
@@ -333,10 +347,11 @@ def _fit(
         raise watch.error(f"resume={run.path}")
 
 
-def _prepare(spec: RunSpec) -> Prepared:
-    """prepare() with Ray starting beside it; refuses, once Ray is up, trials that no node can run."""
+def _prepare(spec: RunSpec) -> Prepared | MoEPrepared:
+    """prepare() (prepare_moe() for hybrid MoE models) with Ray starting beside it; refuses, once Ray is up, trials that no node can run."""
     started: list[Callable[[], None]] = []  # Ray starts once the spec is checked, while the teacher's outputs are computed
-    prepared = prepare(spec, on_checked=lambda: started.append(start_ray(spec.sweep.ray_address)))
+    prep = prepare_moe if is_hybrid_moe(spec.model) else prepare
+    prepared = prep(spec, on_checked=lambda: started.append(start_ray(spec.sweep.ray_address)))
     started[0]()
     check_trial_fits(spec.sweep.cpus_per_trial, spec.sweep.gpus_per_trial, spec.sweep.memory_per_trial_gib)
     return prepared

@@ -1,0 +1,69 @@
+"""Exporting a hybrid-MoE trial (GraniteMoeHybrid): the pruned checkpoint that transformers and vLLM load as it is.
+
+The trial's importance is not stored (for a large MoE it is every expert's channel order); the export
+ranks again on the same calibration windows (the trial seed's half, autocompress.search.moe) and checks
+that the result is the trial's model: its selection-split KL must equal the one the trial recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autocompress.arch.moe_pruning import MoEShape, moe_importance, prune
+from autocompress.checkpoints.verification import ExportError, vllm_greedy
+from autocompress.config.schema import RunSpec
+from autocompress.io import staged
+from autocompress.model.data import load_token_data
+from autocompress.search.moe import calibration_half, kl_and_perplexity, load_moe, logits_of, model_path
+
+
+def shape_of(row: dict[str, Any]) -> MoEShape:
+    arch = json.loads(row["architecture"])
+    return MoEShape(experts=arch["experts"], expert_ffn=arch["expert_ffn"], shared_ffn=arch["shared_ffn"], layers=tuple(arch["layers"]))
+
+
+def export_moe(row: dict[str, Any], spec: RunSpec, out: Path, overwrite: bool, verify: bool, vllm: bool) -> dict[str, Any]:
+    """Write the trial's pruned model to `out`; returns what was checked."""
+    model, tokenizer = load_moe(model_path(spec, progress=False))
+    data = load_token_data(spec.data, tokenizer)
+    imp = moe_importance(model, calibration_half(data.calib, int(row["seed"])))
+    pruned = prune(model, shape_of(row), imp)
+    report: dict[str, Any] = {"trial_id": row["trial_id"], "params": sum(p.numel() for p in pruned.parameters()), "out": out}
+    with staged(out, overwrite) as tmp:
+        pruned.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if verify:
+            kl, _ = kl_and_perplexity(pruned, data.select, logits_of(model, data.select))
+            report["kl_select"], report["trial_kl_select"] = kl, float(row["kl_select"])
+            if not math.isclose(kl, float(row["kl_select"]), rel_tol=1e-4, abs_tol=1e-6):
+                raise ExportError(
+                    f"the export's selection KL {kl:.6f} is not the trial's {float(row['kl_select']):.6f}: the importance ranking "
+                    "came out different (another model checkpoint or calibration text than the run's?)"
+                )
+            reloaded = type(pruned).from_pretrained(tmp, dtype=torch.float32).eval()
+            ids = data.report[:2, :16]
+            with torch.no_grad():
+                same = torch.equal(reloaded(ids, use_cache=False).logits, pruned(ids, use_cache=False).logits)
+                greedy = reloaded.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)[:, ids.shape[1] :]
+            if not same:
+                raise ExportError(f"the checkpoint written to {tmp} does not load back to the pruned model's logits")
+            report["greedy"] = greedy.tolist()
+            if vllm:
+                served = vllm_greedy(tmp, ids.tolist(), 8)
+                report["vllm_greedy_match"] = served == greedy.tolist()
+                if not report["vllm_greedy_match"]:
+                    raise ExportError(f"vLLM's greedy tokens {served} differ from transformers' {greedy.tolist()}")
+        record = {"trial": {k: _plain(v) for k, v in row.items()}, "checks": {k: _plain(v) for k, v in report.items()}}
+        (tmp / "autocompress.json").write_text(json.dumps(record, indent=1) + "\n")
+    return report
+
+
+def _plain(v: Any) -> Any:
+    if hasattr(v, "item"):
+        v = v.item()
+    return None if isinstance(v, float) and math.isnan(v) else v if isinstance(v, str | int | float | bool | type(None)) else str(v)

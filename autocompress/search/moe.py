@@ -1,0 +1,330 @@
+"""The search for hybrid Mamba-2 / attention / MoE models (GraniteMoeHybrid): global widths and per-kind depth.
+
+The checkpoint format has one value per model for each width (autocompress.arch.moe_pruning), so the
+space is small: routed experts kept x expert FFN width x shared-expert width x how many Mamba and how
+many attention layers stay (which ones: the lowest-scored of each kind go). For the tiny model that is
+a few thousand shapes, so a trial does not need the gradient search of dense models: it prices every
+shape with the hybrid roofline (autocompress.cost.hybrid) and solves the constrained problem exactly.
+
+Quality, as Puzzle scores its block library: every single change is scored on its own by the KL to
+the unpruned model on calibration windows (each expert count, each expert width, each shared width,
+each dropped layer), and a shape's score is the sum of its changes' scores. The trial ranks the shapes
+that meet the margin-tightened bounds by that sum, measures the `candidates` best on the selection
+split (the sum is an approximation; the measured KL decides), and reports the pick's KL on the report
+split. Trial settings that act here: `margin` (bounds tightened by that share) and `seed` (which half
+of the calibration windows scores the changes); `dual_lr`, `lambda_init`, `tau_*`, `lr` and
+`quadratic` are the gradient search's and do nothing for this family (recorded as given).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from autocompress.arch.hybrid import HybridModel
+from autocompress.arch.moe_pruning import MAMBA, MoEImportance, MoEShape, hybrid_shapes, moe_importance, prune
+from autocompress.config.metrics import Constraint
+from autocompress.config.schema import ModelSpec, RunSpec
+from autocompress.cost.hybrid import HybridCost
+from autocompress.io import log
+from autocompress.model.data import load_token_data
+from autocompress.model.tiny_moe import TinyHybridMoE, tiny_hybrid_moe
+from autocompress.quality.distillation import kl_loss
+
+FAMILY = "granitemoehybrid"
+
+
+@dataclass
+class MoEInputs:
+    """What every trial needs, prepared once on the driver."""
+
+    path: str  # the base checkpoint
+    hybrid: HybridModel
+    layer_types: list[str]
+    cost: HybridCost
+    constraints: tuple[Constraint, ...]
+    calib: torch.Tensor
+    select: torch.Tensor
+    report: torch.Tensor
+    cost_model: str  # how the costs were predicted (for the trials' cost_model column)
+    candidates: int = 4  # shapes measured on the selection split per trial
+
+
+def options(full: int, low: int, steps: int = 8) -> list[int]:
+    """Widths from `low` to `full` on a grid of full / steps (at least `low`)."""
+    step = max(1, full // steps)
+    return sorted({w for w in range(step, full + 1, step) if w >= low} | {full})
+
+
+def grid(config: Any) -> dict[str, list[int]]:
+    """The options of each axis for a GraniteMoeHybrid config."""
+    kinds = [t in MAMBA for t in config.layer_types]
+    return {
+        "experts": list(range(config.num_experts_per_tok, config.num_local_experts + 1)),
+        "expert_ffn": options(config.intermediate_size, 1),
+        "shared_ffn": options(config.shared_intermediate_size, 1),
+        "mamba_layers": list(range(0, sum(kinds) + 1)),
+        # at least one: transformers' hybrid cache fails on a model of Mamba layers only
+        "attention_layers": list(range(min(1, len(kinds) - sum(kinds)), len(kinds) - sum(kinds) + 1)),
+    }
+
+
+@torch.no_grad()
+def logits_of(model: Any, tokens: torch.Tensor, batch_size: int = 4) -> torch.Tensor:
+    return torch.cat([model(tokens[i : i + batch_size], use_cache=False).logits.float() for i in range(0, len(tokens), batch_size)])
+
+
+@torch.no_grad()
+def kl_and_perplexity(model: Any, tokens: torch.Tensor, teacher: torch.Tensor, batch_size: int = 4) -> tuple[float, float]:
+    """(mean KL(teacher || model) per token, perplexity) on `tokens`, given the teacher's logits."""
+    kl, nll, n_nll = 0.0, 0.0, 0
+    for i in range(0, len(tokens), batch_size):
+        ids = tokens[i : i + batch_size]
+        logits = model(ids, use_cache=False).logits.float()
+        kl += float(kl_loss(logits, teacher[i : i + batch_size])) * ids.numel()
+        logp = torch.log_softmax(logits[:, :-1], dim=-1)
+        nll -= float(logp.gather(-1, ids[:, 1:, None]).sum())
+        n_nll += ids[:, 1:].numel()
+    return kl / tokens.numel(), math.exp(nll / n_nll)
+
+
+def single_change_scores(model: Any, imp: MoEImportance, tokens: torch.Tensor, axes: dict[str, list[int]]) -> dict[str, Any]:
+    """Calibration KL of each single change: every option of each width axis alone, and each layer dropped alone."""
+    cfg, teacher = model.config, logits_of(model, tokens)
+    full = MoEShape.of(cfg)
+
+    def score(shape: MoEShape) -> float:
+        return kl_and_perplexity(prune(model, shape, imp), tokens, teacher)[0]
+
+    out: dict[str, Any] = {}
+    for axis in ("experts", "expert_ffn", "shared_ffn"):
+        out[axis] = {v: 0.0 if v == getattr(full, axis) else score(replace(full, **{axis: v})) for v in axes[axis]}  # type: ignore[arg-type]
+    out["drop"] = [score(replace(full, layers=tuple(j for j in full.layers if j != i))) for i in full.layers]
+    return out
+
+
+def shapes_of(config: Any, axes: dict[str, list[int]], drop: list[float]) -> list[MoEShape]:
+    """Every shape of the grid; for a kept count of each kind, the layers with the lowest drop score go first."""
+    mamba = sorted((i for i, t in enumerate(config.layer_types) if t in MAMBA), key=lambda i: (drop[i], i))
+    attention = sorted((i for i, t in enumerate(config.layer_types) if t not in MAMBA), key=lambda i: (drop[i], i))
+    out = []
+    for m in axes["mamba_layers"]:
+        for a in axes["attention_layers"]:
+            if m + a == 0:
+                continue
+            layers = tuple(sorted(mamba[len(mamba) - m :] + attention[len(attention) - a :]))
+            for e in axes["experts"]:
+                for f in axes["expert_ffn"]:
+                    for s in axes["shared_ffn"]:
+                        out.append(MoEShape(experts=e, expert_ffn=f, shared_ffn=s, layers=layers))
+    return out
+
+
+def proxy(shapes: list[MoEShape], scores: dict[str, Any], n_layers: int) -> np.ndarray:
+    """Sum of single-change calibration KLs of each shape."""
+    total = np.zeros(len(shapes))
+    for k, s in enumerate(shapes):
+        total[k] = scores["experts"][s.experts] + scores["expert_ffn"][s.expert_ffn] + scores["shared_ffn"][s.shared_ffn]
+        total[k] += sum(scores["drop"][i] for i in range(n_layers) if i not in s.layers)
+    return total
+
+
+def calibration_half(calib: torch.Tensor, seed: int) -> torch.Tensor:
+    """The half of the calibration windows a trial of this seed ranks and scores on (export ranks on the same)."""
+    order = torch.randperm(len(calib), generator=torch.Generator().manual_seed(seed))
+    return calib[order[: max(1, len(order) // 2)]]
+
+
+def run_moe_search(model: Any, inputs: MoEInputs, margin: float, seed: int) -> dict[str, Any]:
+    """One trial: score single changes on a seeded half of the calibration windows, solve, measure, report."""
+    from autocompress.plan import evaluate
+
+    start = time.time()
+    cfg = model.config
+    calib = calibration_half(inputs.calib, seed)
+    imp = moe_importance(model, calib)
+    axes = grid(cfg)
+    scores = single_change_scores(model, imp, calib, axes)
+    shapes = shapes_of(cfg, axes, scores["drop"])
+    bounds = tuple(c.tightened(margin) for c in inputs.constraints)
+    table = evaluate(inputs.cost, hybrid_shapes(inputs.hybrid, cfg.layer_types, shapes), bounds)
+    table["proxy"] = proxy(shapes, scores, cfg.num_hidden_layers)
+    ok = table[table["feasible"]].sort_values(["proxy", "params"], ascending=[True, False])
+    if ok.empty:  # nothing meets the tightened bounds: the shape with the least total violation, reported infeasible
+        ok = table.assign(over=_violation(table, inputs.constraints)).sort_values(["over", "proxy"]).head(1)
+    select_teacher = logits_of(model, inputs.select)
+    measured = []
+    for k in ok.index[: inputs.candidates]:
+        pruned = prune(model, shapes[k], imp)
+        measured.append((kl_and_perplexity(pruned, inputs.select, select_teacher), k, pruned))
+    (kl_select, ppl_select), pick, pruned = min(measured, key=lambda m: (m[0][0], m[1]))
+    kl, ppl = kl_and_perplexity(pruned, inputs.report, logits_of(model, inputs.report))
+    row = table.loc[pick]
+    shape = shapes[pick]
+    feasible = {c.metric: bool(c.satisfied(float(row[c.metric]))) and bool(row["fits_device"]) for c in inputs.constraints}
+    return {
+        "shape": shape,
+        "row": row,
+        "feasible": feasible,
+        "kl_select": kl_select,
+        "perplexity_select": ppl_select,
+        "kl": kl,
+        "perplexity": ppl,
+        "proxy": float(row["proxy"]),
+        "candidates_measured": len(measured),
+        "feasible_shapes": int(table["feasible"].sum()),
+        "shapes": len(shapes),
+        "wall_s": time.time() - start,
+        "importance_load": imp.load,
+    }
+
+
+def _violation(table: pd.DataFrame, constraints: tuple[Constraint, ...]) -> pd.Series:
+    over = pd.Series(0.0, index=table.index)
+    for c in constraints:
+        ratio = table[c.metric] / c.value if c.sense == "max" else c.value / table[c.metric].clip(lower=1e-12)
+        over += (ratio - 1).clip(lower=0)
+    return over
+
+
+def trial_columns(result: dict[str, Any], config: Any) -> dict[str, Any]:
+    """The trials.parquet columns of one hybrid-MoE trial (the dense columns filled with their hybrid meaning)."""
+    shape, row = result["shape"], result["row"]
+    n = len(shape.layers)
+    attention = n - sum(config.layer_types[i] in MAMBA for i in shape.layers)
+    arch = {
+        "family": FAMILY,
+        "experts": shape.experts,
+        "expert_ffn": shape.expert_ffn,
+        "shared_ffn": shape.shared_ffn,
+        "layers": list(shape.layers),
+        "layer_types": [config.layer_types[i] for i in shape.layers],
+    }
+    return {
+        "architecture": json.dumps(arch),
+        "family": FAMILY,
+        "hidden_size": config.hidden_size,
+        "num_attention_heads": config.num_attention_heads,
+        "num_attention_kept": attention,
+        "num_ffn_kept": n,
+        "mean_kv_heads": config.num_key_value_heads * attention / config.num_hidden_layers,
+        "mean_ffn": float(shape.expert_ffn),
+        "heterogeneous": False,
+        "params": int(row["params"]),
+        "active_params": int(row["active_params"]),
+        "experts": shape.experts,
+        "expert_ffn": shape.expert_ffn,
+        "shared_ffn": shape.shared_ffn,
+        "mamba_layers": n - attention,
+        "attention_layers": attention,
+        "layers_kept": json.dumps(list(shape.layers)),
+        **{k: float(row[k]) for k in ("ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gib")},
+    }
+
+
+# --------------------------------------------------------------------------- the sweep's side: prepare once, one trial per Ray task
+
+
+@dataclass
+class MoEPrepared:
+    inputs: MoEInputs
+    base_costs: dict[str, float]
+    base_params: int
+    base_architecture: str
+    base_perplexity: float
+
+
+def is_hybrid_moe(spec: ModelSpec) -> bool:
+    """A GraniteMoeHybrid base model: the tiny trained one, or an hf path whose config says so."""
+    if spec.source == "tiny_hybrid_moe":
+        return True
+    if spec.source != "hf" or not spec.path:
+        return False
+    config = Path(spec.path).expanduser() / "config.json"
+    return config.is_file() and json.loads(config.read_text()).get("model_type") == FAMILY
+
+
+def model_path(spec: RunSpec, progress: bool = True) -> str:
+    """The base checkpoint: the tiny model trained on the run's text (cached), or model.path."""
+    if spec.model.source == "tiny_hybrid_moe":
+        recipe = TinyHybridMoE() if spec.model.train_steps is None else TinyHybridMoE(steps=spec.model.train_steps)
+        return str(tiny_hybrid_moe(spec.data, recipe, progress=progress).path)
+    return str(spec.model.path)
+
+
+def load_moe(path: str) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+def prepare_moe(spec: RunSpec, on_checked: Callable[[], Any] | None = None) -> MoEPrepared:
+    """Base model, the hybrid roofline for the scenario, absolute constraints, the three splits' windows."""
+    from autocompress.plan import hardware_terms
+
+    start = time.time()
+    path = model_path(spec)
+    model, tokenizer = load_moe(path)
+    hybrid = HybridModel.from_granite(model.config, name=spec.model.name)
+    hw, terms = hardware_terms(spec.scenario.hardware, spec.cost_model)
+    cost = HybridCost(hybrid, hw, spec.scenario.workload)
+    base = cost.predict(hybrid_shapes(hybrid, model.config.layer_types, [MoEShape.of(model.config)]), whole_wave=True)
+    base_costs = {k: float(v[0]) for k, v in base.items()}
+    constraints = tuple(c.resolve(base_costs) for c in spec.scenario.constraints)
+    log(
+        f"base model {spec.model.name} ({FAMILY}): {int(base_costs['params']):,} parameters, {model.config.num_hidden_layers} layers "
+        f"({''.join('M' if t in MAMBA else '*' for t in model.config.layer_types)}), {model.config.num_local_experts} experts; "
+        f"cost model hybrid roofline, {terms}"
+    )
+    resolved = zip(spec.scenario.constraints, constraints, strict=True)
+    log("constraints: " + ", ".join(f"{c.describe()} -> {a.value:.4g}" for c, a in resolved))
+    data = load_token_data(spec.data, tokenizer)
+    log(f"calibration text ({spec.data.source}): {data.summary()}")
+    if on_checked is not None:
+        on_checked()
+    _, base_ppl = kl_and_perplexity(model, data.report, logits_of(model, data.report))
+    inputs = MoEInputs(
+        path=path,
+        hybrid=hybrid,
+        layer_types=list(model.config.layer_types),
+        cost=cost,
+        constraints=constraints,
+        calib=data.calib,
+        select=data.select,
+        report=data.report,
+        cost_model=f"hybrid-analytic/{hw.name}",
+    )
+    arch = {"family": FAMILY, **asdict(MoEShape.of(model.config)), "layer_types": list(model.config.layer_types)}
+    log(f"prepared in {time.time() - start:.0f}s; base model report-split perplexity {base_ppl:.2f}")
+    return MoEPrepared(inputs, base_costs, int(base_costs["params"]), json.dumps(arch), base_ppl)
+
+
+def run_moe_trial(config: dict[str, Any], spec: RunSpec, inputs: MoEInputs) -> None:
+    """Ray Tune trainable for a hybrid-MoE run: one exact search (see the module docstring)."""
+    from ray import tune
+
+    from autocompress.results.store import feasibility_columns
+    from autocompress.search.tune import trial_settings
+
+    settings = trial_settings(config, spec)
+    torch.set_num_threads(spec.search.threads or max(1, int(spec.sweep.cpus_per_trial)))
+    model, _ = load_moe(inputs.path)
+    result = run_moe_search(model, inputs, settings.margin, settings.seed)
+    row: dict[str, Any] = {"status": "ok", "error": "", **asdict(settings), **trial_columns(result, model.config)}
+    row.update(feasibility_columns(inputs.constraints, result["feasible"]))
+    row.update({k: result[k] for k in ("kl_select", "perplexity_select", "kl", "perplexity")})
+    row.update(repair_steps=0, fill_steps=0, origin="search", wall_s=result["wall_s"])
+    row.update(searched_kl_select=result["kl_select"], searched_params=row["params"])
+    row.update(cost_model=inputs.cost_model, cost_model_extrapolated=False)
+    row["trial_id"] = tune.get_context().get_trial_id()
+    tune.report(row)
