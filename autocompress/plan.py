@@ -36,10 +36,8 @@ from autocompress.config.build import scenario_from_dict
 from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
 from autocompress.config.compose import plain
-from autocompress.config.metrics import Constraint
-from autocompress.config.schema import Hardware, Scenario
-from autocompress.cost.fitted import latest_record, with_terms
-from autocompress.cost.hybrid import HybridCost
+from autocompress.config.schema import Scenario
+from autocompress.cost.hybrid import HybridCost, evaluate, hardware_terms
 from autocompress.errors import ConfigError, InfeasibleError
 from autocompress.io import check_writable, log, markdown, staged, write_json, write_parquet, write_text
 from autocompress.search.runfolder import git_sha
@@ -98,39 +96,6 @@ def shapes(model: HybridModel, widths: Mapping[str, list[int]], drops: list[tupl
             "attention_layers": np.full(n, model.count("attention")),
             "mlp_layers": np.full(n, model.count("mlp")),
         }
-
-
-def hardware_terms(hw: Hardware, choice: str) -> tuple[Hardware, str]:
-    """The hardware with the efficiencies the plan uses, and where they come from."""
-    if choice not in ("auto", "analytic"):
-        raise ConfigError(f"cost_model={choice!r}: the planner takes auto or analytic (fitted files are fitted to dense models)")
-    record = latest_record(None, hw.name, hw.engine) if choice == "auto" and not hw.cpu else None
-    if record is None:
-        return hw, f"analytic/{hw.name} (the hardware file's efficiencies)"
-    source = record.get("source_kind") or "engine"
-    return with_terms(
-        hw, record["parameters"]
-    ), f"analytic/{hw.name}, efficiencies of the dense-model fit {record['hardware']}/{source} (shipped)"
-
-
-def evaluate(cost: HybridCost, shapes: Mapping[str, np.ndarray], constraints: tuple[Constraint, ...]) -> pd.DataFrame:
-    """Shapes with their predictions, `fits_device` and `feasible` (that, and each constraint met).
-
-    Fitting the device: the engine's memory share holds the weights, the workload's whole wave and a
-    KV cache for context_len tokens (vLLM refuses to start where one max-length sequence does not fit).
-    """
-    out = cost.predict(shapes)
-    df = pd.DataFrame({**shapes, **out})
-    share = cost.hw.memory_utilization * cost.hw.memory_gib
-    df["fits_device"] = (df["sequences_fit"] >= cost.wl.concurrency) & (df["memory_gib"] <= share * (1 + 1e-9))
-    ok = df["fits_device"].copy()
-    for c in constraints:
-        ok &= c.satisfied(df[c.metric])  # elementwise on a column
-    df["feasible"] = ok
-    df["memory_headroom_gib"] = (
-        min([share, *(c.value for c in constraints if c.metric == "memory_gib")]) - df["memory_gib"]
-    )  # what is left under the tighter of the device and the bound
-    return df
 
 
 def search(model: HybridModel, scenario: Scenario, cost: HybridCost, plan: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,9 +26,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
+import pandas as pd
 
 from autocompress.arch.hybrid import SSM_BYTES, HybridModel, parameters
+from autocompress.config.metrics import Constraint
 from autocompress.config.schema import Hardware, Workload
+from autocompress.cost.fitted import latest_record, with_terms
+from autocompress.errors import ConfigError
 
 GIB = 1024.0**3
 Shape = Mapping[str, np.ndarray]
@@ -191,3 +195,36 @@ class HybridCost:
             "tpot_ms": tpot * 1e3,
             "throughput_tok_s": throughput,
         }
+
+
+def hardware_terms(hw: Hardware, choice: str) -> tuple[Hardware, str]:
+    """The hardware with the efficiencies the plan uses, and where they come from."""
+    if choice not in ("auto", "analytic"):
+        raise ConfigError(f"cost_model={choice!r}: the planner takes auto or analytic (fitted files are fitted to dense models)")
+    record = latest_record(None, hw.name, hw.engine) if choice == "auto" and not hw.cpu else None
+    if record is None:
+        return hw, f"analytic/{hw.name} (the hardware file's efficiencies)"
+    source = record.get("source_kind") or "engine"
+    return with_terms(
+        hw, record["parameters"]
+    ), f"analytic/{hw.name}, efficiencies of the dense-model fit {record['hardware']}/{source} (shipped)"
+
+
+def evaluate(cost: HybridCost, shapes: Mapping[str, np.ndarray], constraints: tuple[Constraint, ...]) -> pd.DataFrame:
+    """Shapes with their predictions, `fits_device` and `feasible` (that, and each constraint met).
+
+    Fitting the device: the engine's memory share holds the weights, the workload's whole wave and a
+    KV cache for context_len tokens (vLLM refuses to start where one max-length sequence does not fit).
+    """
+    out = cost.predict(shapes)
+    df = pd.DataFrame({**shapes, **out})
+    share = cost.hw.memory_utilization * cost.hw.memory_gib
+    df["fits_device"] = (df["sequences_fit"] >= cost.wl.concurrency) & (df["memory_gib"] <= share * (1 + 1e-9))
+    ok = df["fits_device"].copy()
+    for c in constraints:
+        ok &= c.satisfied(df[c.metric])  # elementwise on a column
+    df["feasible"] = ok
+    df["memory_headroom_gib"] = (
+        min([share, *(c.value for c in constraints if c.metric == "memory_gib")]) - df["memory_gib"]
+    )  # what is left under the tighter of the device and the bound
+    return df

@@ -29,16 +29,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
 from autocompress.arch.hybrid import HybridModel
 from autocompress.arch.moe_pruning import MAMBA, MoEImportance, MoEShape, hybrid_shapes, moe_importance, prune
 from autocompress.config.metrics import Constraint
 from autocompress.config.schema import ModelSpec, RunSpec
-from autocompress.cost.hybrid import HybridCost
+from autocompress.cost.hybrid import HybridCost, evaluate, hardware_terms
 from autocompress.io import log
 from autocompress.model.data import load_token_data
 from autocompress.model.tiny_moe import TinyHybridMoE, tiny_hybrid_moe
-from autocompress.quality.distillation import kl_loss
 
 FAMILY = "granitemoehybrid"
 
@@ -90,7 +90,8 @@ def kl_and_perplexity(model: Any, tokens: torch.Tensor, teacher: torch.Tensor, b
     for i in range(0, len(tokens), batch_size):
         ids = tokens[i : i + batch_size]
         logits = model(ids, use_cache=False).logits.float()
-        kl += float(kl_loss(logits, teacher[i : i + batch_size])) * ids.numel()
+        logp_t = torch.log_softmax(teacher[i : i + batch_size], dim=-1).flatten(0, 1)
+        kl += float(F.kl_div(torch.log_softmax(logits, dim=-1).flatten(0, 1), logp_t, log_target=True, reduction="sum"))
         logp = torch.log_softmax(logits[:, :-1], dim=-1)
         nll -= float(logp.gather(-1, ids[:, 1:, None]).sum())
         n_nll += ids[:, 1:].numel()
@@ -146,8 +147,6 @@ def calibration_half(calib: torch.Tensor, seed: int) -> torch.Tensor:
 
 def run_moe_search(model: Any, inputs: MoEInputs, margin: float, seed: int) -> dict[str, Any]:
     """One trial: score single changes on a seeded half of the calibration windows, solve, measure, report."""
-    from autocompress.plan import evaluate
-
     start = time.time()
     cfg = model.config
     calib = calibration_half(inputs.calib, seed)
@@ -270,8 +269,6 @@ def load_moe(path: str) -> tuple[Any, Any]:
 
 def prepare_moe(spec: RunSpec, on_checked: Callable[[], Any] | None = None) -> MoEPrepared:
     """Base model, the hybrid roofline for the scenario, absolute constraints, the three splits' windows."""
-    from autocompress.plan import hardware_terms
-
     start = time.time()
     path = model_path(spec)
     model, tokenizer = load_moe(path)
