@@ -139,3 +139,38 @@ def test_bad_model_file_is_a_clear_error(tmp_path: Path) -> None:
     bad.write_text("{not json")
     with pytest.raises(ConfigError, match="refit it"):
         get_cost_model(space(), compose_spec("+scenario=cpu_interactive").scenario, tmp_path, str(bad))
+
+
+def test_a_fit_reports_its_error_beside_the_noise_of_its_measurements(tmp_path: Path) -> None:
+    """Engine rows keep their timed waves; the saved fit carries the bootstrap noise of each median and the interval the
+    held-out MAPE moves in with it: jitter of +-10 % between waves gives a wide interval, +-0.1 % a narrow one."""
+    import numpy as np
+    import pandas as pd
+
+    from autocompress.cost.design import fit_and_save
+    from autocompress.cost.engine import engine_settings
+    from autocompress.cost.fitted import load_record
+
+    spec = compose_spec("+scenario=cpu_interactive", f"results.dir={tmp_path}", "hardware.measure_peaks=false")
+    wl, hw = WORKLOADS[0], spec.scenario.hardware
+    settings = engine_settings(hw, [wl], kv_cache_gib=1.0, repeats=7, warmup=1)
+    plan = design(space(), n_random=9, holdout_share=0.34, fractions=(0.5,), seed=0)
+    widths = {}
+    for jitter in (0.1, 0.001):
+        rng, rows = np.random.default_rng(0), []
+        for arch, role in plan:
+            true = AnalyticCostModel(space(), TRUE, wl).predict(arch)
+            row: dict[str, object] = {"architecture": arch.to_json(), "arch_id": str(hash(arch)), "role": role, "workload": wl.name}
+            row |= {"status": "ok", "engine_version": "test", "engine_start_s": 1.0, "measure_s": 1.0}
+            row |= {"kv_capacity_tokens": true["kv_capacity_tokens"]}
+            for metric, field in (("ttft_ms", "ttft_waves_ms"), ("tpot_ms", "tpot_waves_ms"), ("throughput_tok_s", "throughput_waves")):
+                waves = list(true[metric] * (1 + jitter * rng.uniform(-1, 1, 7)))
+                row |= {field: waves, metric: float(np.median(waves))}
+            rows.append(row)
+        record = load_record(fit_and_save(spec, space(), pd.DataFrame(rows), [wl], settings))
+        assert record["median_noise"]["tpot_ms"]["waves"] == 7 and record["median_noise"]["tpot_ms"]["n"] == len(plan)
+        lo, hi = record["validation_noise"]["tpot_ms"]
+        assert lo <= hi
+        widths[jitter] = hi - lo
+        assert record["median_noise"]["tpot_ms"]["median"] < 2 * jitter
+    assert widths[0.1] > 20 * widths[0.001]

@@ -81,6 +81,9 @@ def test_random_design_spans_small_to_large() -> None:
     held = sorted(a.num_params() for a, role in plan if role == "holdout")
     fitted = sorted(a.num_params() for a, role in plan[2:] if role == "fit")
     assert held[-1] / held[0] > 2.5 and fitted[-1] / fitted[0] > 2.5
+    # validation spans the whole range: the smallest and the largest random architectures are held out
+    randoms = sorted(a.num_params() for a, _ in plan[2:])
+    assert held[0] == randoms[0] and held[-1] == randoms[-1]
     assert not all(a.is_homogeneous() for a, _ in plan[2:])
 
 
@@ -112,6 +115,8 @@ def test_engine_reports_what_the_architecture_needs(measured: dict[str, Any]) ->
         row = measured["rows"][arch]
         assert row["kv_capacity_tokens"] == pytest.approx(2**30 / arch.kv_bytes_per_token(4), rel=0.02)
         assert row["ttft_ms"] > 0 and row["tpot_ms"] > 0 and row["throughput_tok_s"] > 0
+        # every timed wave is kept (the bootstrap of cost/waves.py), and the medians are theirs
+        assert len(row["tpot_waves_ms"]) == 15 and row["tpot_ms"] == pytest.approx(float(np.median(row["tpot_waves_ms"])))
         assert row["throughput_tok_s"] == pytest.approx(2 * 8 / (row["ttft_ms"] + 7 * row["tpot_ms"]) * 1e3, rel=0.3)
 
 

@@ -337,7 +337,7 @@ class ProfileSpec:
     uniform_fractions: tuple[float, ...] = (0.35, 0.6, 0.8)
     extra_workloads: tuple[str, ...] = ()
     kv_cache_gib: float | None = None
-    repeats: int = 3
+    repeats: int = 7
     warmup: int = 1
     timeout_s: float = 900.0
     enforce_eager: bool = False  # serve without torch.compile (what verify and the fitted model then describe)

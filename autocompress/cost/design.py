@@ -19,7 +19,18 @@ from autocompress.cluster import init_ray
 from autocompress.config.cpuinfo import identity
 from autocompress.config.schema import Hardware, RunSpec, Workload
 from autocompress.cost.engine import EngineSettings, arch_id, measure_many
-from autocompress.cost.fitted import FITTED, Measurement, fit_parameters, model_dir, ranges, save_record, validate, validate_each
+from autocompress.cost.fitted import (
+    FITTED,
+    Measurement,
+    fit_parameters,
+    model_dir,
+    predictions,
+    ranges,
+    save_record,
+    validate,
+    validate_each,
+)
+from autocompress.cost.waves import mape_interval, median_noise_summary
 from autocompress.errors import ConfigError
 from autocompress.io import log, write_parquet
 from autocompress.model.base import load_base_model
@@ -54,13 +65,13 @@ def design(
 ) -> list[tuple[Architecture, str]]:
     """(architecture, role) pairs: role "fit" or "holdout" (never used in the fit).
 
-    The random architectures take stratified size levels in a shuffled order, so the fit and the
-    held-out ones both span the space's range.
+    The random architectures take stratified size levels (level k of n drawn in [k/n, (k+1)/n)). The
+    held-out ones are spaced evenly by parameter count from the smallest random one to the largest,
+    so validation spans the whole range, not only its middle; the fit takes the ones in between.
     """
     fixed = [space.largest(), space.smallest(), *(uniform_shrink(space, f) for f in fractions)]
     rng, randoms = random.Random(seed), list[Architecture]()
     levels = [(k + rng.random()) / max(n_random, 1) for k in range(n_random)]
-    rng.shuffle(levels)
     tries = 0
     while len(randoms) < n_random:
         tries += 1  # a small space can run out of new architectures near one level: then any level
@@ -68,13 +79,26 @@ def design(
         if vllm_limitation(arch) is None and arch not in randoms:
             randoms.append(arch)
             tries = 0
-    n_hold = round(holdout_share * n_random)
+    by_size = sorted(randoms, key=lambda a: a.num_params())
+    held = {by_size[k] for k in spaced_indices(n_random, round(holdout_share * n_random))}
+    roles = [(a, "holdout" if a in held else "fit") for a in randoms]
     out, seen = [], set()
-    for arch, role in [*((a, "fit") for a in fixed), *((a, "holdout") for a in randoms[:n_hold]), *((a, "fit") for a in randoms[n_hold:])]:
+    for arch, role in [*((a, "fit") for a in fixed), *sorted(roles, key=lambda r: r[1] != "holdout")]:
         if arch not in seen:
             seen.add(arch)
             out.append((arch, role))
     return out
+
+
+def spaced_indices(n: int, k: int) -> set[int]:
+    """`k` of range(n) spaced evenly from the first to the last (the middle one when k is 1)."""
+    if k <= 0 or n <= 0:
+        return set()
+    if k >= n:
+        return set(range(n))
+    if k == 1:
+        return {n // 2}
+    return {round(i * (n - 1) / (k - 1)) for i in range(min(k, n))}
 
 
 # --------------------------------------------------------------------------- measurements file
@@ -156,8 +180,12 @@ def _summary(row: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- fit
 
 
+def _rows(table: pd.DataFrame, role: str, workloads: dict[str, Workload]) -> pd.DataFrame:
+    return table[(table["status"] == "ok") & (table["role"] == role) & table["workload"].isin(list(workloads))]
+
+
 def to_measurements(table: pd.DataFrame, role: str, workloads: dict[str, Workload]) -> list[Measurement]:
-    ok = table[(table["status"] == "ok") & (table["role"] == role) & table["workload"].isin(list(workloads))]
+    ok = _rows(table, role, workloads)
     return [
         Measurement(Architecture.from_json(r.architecture), workloads[r.workload], {k: float(getattr(r, k)) for k in MEASURED})
         for r in ok.itertuples()
@@ -194,6 +222,9 @@ def fit_and_save(spec: RunSpec, space: SearchSpace, table: pd.DataFrame, workloa
         "validation": validate(space, fitted_hw, hold),
         "validation_analytic": validate(space, hw, hold),
         "noise": {k: float(ok[k].median()) for k in ("ttft_spread", "tpot_spread", "throughput_spread") if k in ok},
+        # bootstrap over each row's timed waves: how far a median moves, and how far the held-out MAPE moves with it
+        "median_noise": median_noise_summary(ok),
+        "validation_noise": mape_interval(predictions(space, fitted_hw, hold), _rows(table, "holdout", by_name)),
         "profiling_minutes": profiling_minutes(ok),
         "measurements": str(measurements_path(spec.results_dir, spec.scenario.hardware)),
     }
@@ -218,6 +249,13 @@ def print_validation(record: dict[str, Any]) -> None:
     if "noise" in record:  # engine measurements (estimates have neither noise nor profiling time)
         noise = ", ".join(f"{k} {100 * v:.1f}%" for k, v in record["noise"].items())
         print(f"run-to-run spread (median of (max-min)/median over repeats): {noise}")
+    for key, v in record.get("median_noise", {}).items():
+        interval = record.get("validation_noise", {}).get(key)
+        moved = f"; held-out MAPE {interval[0]:.1f}-{interval[1]:.1f} % over those draws" if interval else ""
+        print(
+            f"noise of a median ({key}, 90 % bootstrap over {v['waves']} waves): median +-{100 * v['median']:.1f} %, "
+            f"largest +-{100 * v['max']:.1f} %{moved}"
+        )
     if "profiling_minutes" in record:
         minutes = record["profiling_minutes"]
         per, total, n = minutes["per_architecture_median"], minutes["total"], minutes["architectures"]

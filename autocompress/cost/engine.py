@@ -41,6 +41,7 @@ ENGINE_FIELDS = {
     "kv_capacity_tokens": "kv_capacity_tokens",
 }
 SPREAD_FIELDS = {"ttft_ms": "ttft_spread", "tpot_ms": "tpot_spread", "throughput_tok_s": "throughput_spread"}
+WAVE_FIELDS = {"ttft_ms": "ttft_waves_ms", "tpot_ms": "tpot_waves_ms", "throughput_tok_s": "throughput_waves"}  # each timed wave
 
 
 def measured_metrics(row: dict[str, Any]) -> dict[str, float]:
@@ -197,6 +198,10 @@ def _measure_workload(llm: Any, workload: Workload, vocab: int, settings: Engine
         "ttft_spread": _spread(ttft),
         "tpot_spread": _spread(tpot),
         "throughput_spread": _spread(thr),
+        # every timed wave, so that the noise of each median can be bootstrapped (cost/waves.py)
+        "ttft_waves_ms": [t * 1e3 for t in ttft],
+        "tpot_waves_ms": [t * 1e3 for t in tpot],
+        "throughput_waves": thr,
     }
 
 

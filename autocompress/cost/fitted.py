@@ -121,6 +121,11 @@ def _predict(space: SearchSpace, hardware: Hardware, m: Measurement) -> dict[str
     return AnalyticCostModel(space, hardware, m.workload).predict(m.arch)
 
 
+def predictions(space: SearchSpace, hardware: Hardware, data: Sequence[Measurement]) -> list[dict[str, float]]:
+    """The model's prediction for each measurement's architecture and workload, in order."""
+    return [_predict(space, hardware, m) for m in data]
+
+
 def fit_parameters(
     space: SearchSpace,
     hardware: Hardware,
