@@ -10,7 +10,9 @@ next to the predicted columns (`measured_<metric>`, with run-to-run spreads), wi
 `feasible_measured` (every constraint met by the measured medians) and
 `feasible_within_noise` (met once each measurement may be off by its own spread). On a GPU the
 engine's peak RSS is host memory, not the device memory vLLM preallocates: no `measured_memory_gib`,
-and a memory bound is listed in `unverified_constraints` instead of judged. The file is
+and a memory bound is listed in `unverified_constraints` instead of judged. On a CPU the peak RSS is
+also split into `measured_weights_gib`, `measured_kv_alloc_gib` (the KV cache the engine allocated)
+and `measured_runtime_gib` (the rest: the runtime's baseline, the same for any architecture). The file is
 rewritten atomically; `trials.parquet` gets the same columns for the verified trials.
 """
 
@@ -52,6 +54,8 @@ def measured_columns(rows: list[dict[str, Any]], constraints: tuple[Constraint, 
     cols |= {f"measured_{k}_spread": v for k, v in measured_spreads(row).items()}
     if row.get("cpu"):
         cols["measured_on_cpu"] = row["cpu"]  # CPUs of one kind differ several-fold
+    # CPU engines: the peak RSS split into weights, the KV cache the engine allocated, and the runtime's baseline
+    cols |= {f"measured_{k}": row[k] for k in ("weights_gib", "kv_alloc_gib", "runtime_gib") if row.get(k) is not None}
     strict, loose, unverified = True, True, []
     for c in constraints:
         if f"measured_{c.metric}" not in cols:  # memory on a GPU node: RSS is host memory, no verdict from it

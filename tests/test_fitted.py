@@ -162,7 +162,8 @@ def test_a_fit_reports_its_error_beside_the_noise_of_its_measurements(tmp_path: 
             true = AnalyticCostModel(space(), TRUE, wl).predict(arch)
             row: dict[str, object] = {"architecture": arch.to_json(), "arch_id": str(hash(arch)), "role": role, "workload": wl.name}
             row |= {"status": "ok", "engine_version": "test", "engine_start_s": 1.0, "measure_s": 1.0}
-            row |= {"kv_capacity_tokens": true["kv_capacity_tokens"]}
+            row |= {"kv_capacity_tokens": true["kv_capacity_tokens"], "peak_gib": 3.0, "weights_gib": 0.5, "kv_alloc_gib": 1.0}
+            row |= {"runtime_gib": 1.5 + 0.1 * len(rows) / len(plan)}
             for metric, field in (("ttft_ms", "ttft_waves_ms"), ("tpot_ms", "tpot_waves_ms"), ("throughput_tok_s", "throughput_waves")):
                 waves = list(true[metric] * (1 + jitter * rng.uniform(-1, 1, 7)))
                 row |= {field: waves, metric: float(np.median(waves))}
@@ -174,3 +175,10 @@ def test_a_fit_reports_its_error_beside_the_noise_of_its_measurements(tmp_path: 
         widths[jitter] = hi - lo
         assert record["median_noise"]["tpot_ms"]["median"] < 2 * jitter
     assert widths[0.1] > 20 * widths[0.001]
+    # the runtime's baseline RSS (peak - weights - KV) is read off the measurements and becomes the memory overhead:
+    # the fitted model's memory moves from the analytic one's by exactly that change
+    runtime = record["memory"]["runtime_gib"]
+    assert runtime["min"] == 1.5 and record["parameters"]["memory_overhead_gib"] == runtime["median"] > 1.5
+    fitted = FittedCostModel(space(), hw, wl, record).predict(space().largest())["memory_gib"]
+    analytic = AnalyticCostModel(space(), hw, wl).predict(space().largest())["memory_gib"]
+    assert fitted - analytic == pytest.approx(runtime["median"] - hw.memory_overhead_gib)

@@ -116,6 +116,10 @@ def test_engine_reports_what_the_architecture_needs(measured: dict[str, Any]) ->
         assert row["kv_capacity_tokens"] == pytest.approx(2**30 / arch.kv_bytes_per_token(4), rel=0.02)
         assert row["ttft_ms"] > 0 and row["tpot_ms"] > 0 and row["throughput_tok_s"] > 0
         # every timed wave is kept (the bootstrap of cost/waves.py), and the medians are theirs
+        # peak RSS split: fp32 weights, the 1 GiB KV cache vLLM allocated, and a runtime baseline that is the rest
+        assert row["weights_gib"] == pytest.approx(arch.num_params() * 4 / 2**30)
+        assert row["kv_alloc_gib"] == pytest.approx(1.0, rel=0.02) and row["runtime_gib"] > 0.2
+        assert row["weights_gib"] + row["kv_alloc_gib"] + row["runtime_gib"] == pytest.approx(row["peak_gib"])
         assert len(row["tpot_waves_ms"]) == 15 and row["tpot_ms"] == pytest.approx(float(np.median(row["tpot_waves_ms"])))
         assert row["throughput_tok_s"] == pytest.approx(2 * 8 / (row["ttft_ms"] + 7 * row["tpot_ms"]) * 1e3, rel=0.3)
 

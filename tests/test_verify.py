@@ -73,5 +73,7 @@ def test_verify_writes_measured_columns(tmp_path: Path) -> None:
     pareto = pd.read_parquet(pareto_path)
     assert (pareto["verify_status"] == "ok").all()
     assert (pareto["measured_tpot_ms"] > 0).all() and pareto["feasible_measured"].dtype == bool
+    parts = pareto[["measured_weights_gib", "measured_kv_alloc_gib", "measured_runtime_gib"]].sum(axis=1)
+    assert (parts - pareto["measured_memory_gib"]).abs().max() < 1e-9 and (pareto["measured_runtime_gib"] > 0).all()
     trials = pd.read_parquet(tmp_path / "cpu_interactive" / "v" / "trials.parquet")
     assert "measured_ttft_ms" in trials and "measured feasible:" in out.stdout

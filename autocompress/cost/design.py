@@ -202,8 +202,11 @@ def fit_and_save(spec: RunSpec, space: SearchSpace, table: pd.DataFrame, workloa
             f"only {len(fit_data)} successful fit measurements; at least 3 are needed (see the measurements file for failures)"
         )
     params = fit_parameters(space, hw, fit_data)
-    fitted_hw = dataclasses.replace(hw, **params)  # type: ignore[arg-type]
     ok = table[table["status"] == "ok"]
+    memory = runtime_memory(ok)
+    if memory:  # the CPU engine's runtime baseline replaces the hardware file's guess
+        params["memory_overhead_gib"] = memory["runtime_gib"]["median"]
+    fitted_hw = dataclasses.replace(hw, **params)  # type: ignore[arg-type]
     record = {
         "hardware": hw.name,
         "cpu": hw.cpu,
@@ -226,12 +229,22 @@ def fit_and_save(spec: RunSpec, space: SearchSpace, table: pd.DataFrame, workloa
         "median_noise": median_noise_summary(ok),
         "validation_noise": mape_interval(predictions(space, fitted_hw, hold), _rows(table, "holdout", by_name)),
         "profiling_minutes": profiling_minutes(ok),
+        "memory": memory,
         "measurements": str(measurements_path(spec.results_dir, spec.scenario.hardware)),
     }
     path = save_record(record, spec.results_dir)
     print_validation(record)
     print(f"\ncost model: {path}")
     return path
+
+
+def runtime_memory(ok: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """CPU engines: the peak RSS split (cost/engine.memory_split), per architecture; each part's median, min and max (GiB)."""
+    parts = [c for c in ("runtime_gib", "weights_gib", "kv_alloc_gib", "peak_gib") if c in ok]
+    if "runtime_gib" not in parts or ok["runtime_gib"].isna().all():
+        return {}
+    per_arch = ok.groupby("arch_id")[parts].max()  # one engine start per architecture: its workloads share the peak
+    return {c: {"median": float(per_arch[c].median()), "min": float(per_arch[c].min()), "max": float(per_arch[c].max())} for c in parts}
 
 
 def profiling_minutes(ok: pd.DataFrame) -> dict[str, float]:
@@ -255,6 +268,14 @@ def print_validation(record: dict[str, Any]) -> None:
         print(
             f"noise of a median ({key}, 90 % bootstrap over {v['waves']} waves): median +-{100 * v['median']:.1f} %, "
             f"largest +-{100 * v['max']:.1f} %{moved}"
+        )
+    if record.get("memory"):
+        mem = record["memory"]
+        span = ", ".join(f"{k.removesuffix('_gib')} {v['min']:.2f}-{v['max']:.2f}" for k, v in mem.items() if k != "runtime_gib")
+        runtime = mem["runtime_gib"]
+        print(
+            f"peak RSS = weights + KV cache + runtime baseline; baseline median {runtime['median']:.2f} GiB "
+            f"({runtime['min']:.2f}-{runtime['max']:.2f} over architectures whose {span} GiB): memory_overhead_gib"
         )
     if "profiling_minutes" in record:
         minutes = record["profiling_minutes"]

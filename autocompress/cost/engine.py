@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompress.arch.space import Architecture
-from autocompress.config.schema import Hardware, Workload
+from autocompress.config.schema import DTYPE_BYTES, Hardware, Workload
 from autocompress.errors import ConfigError
 
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -279,10 +279,25 @@ def measure_in_process(
             finally:
                 _shutdown(llm)
         for row in rows:
-            row["peak_gib"] = rss.peak / 2**30
+            row |= {"peak_gib": rss.peak / 2**30, **memory_split(arch, settings, row["kv_capacity_tokens"], rss.peak)}
         return rows
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def memory_split(arch: Architecture, settings: EngineSettings, kv_tokens: int, peak_bytes: int) -> dict[str, float]:
+    """The engine's peak RSS split into weights, the KV cache it allocated, and the rest: the runtime's baseline.
+
+    Weights are the architecture's parameters in the serving dtype; the KV cache is the engine's own
+    block count times this architecture's bytes per token. What is left (interpreters, libraries,
+    buffers of the engine's processes) does not scale with the architecture: a cost model adds it
+    once, as `memory_overhead_gib`. On a GPU node RSS is host memory, so the split is CPU-only.
+    """
+    if settings.engine != "vllm-cpu":
+        return {}
+    weights = arch.num_params() * DTYPE_BYTES[settings.dtype]
+    kv = kv_tokens * arch.kv_bytes_per_token(DTYPE_BYTES[settings.dtype])
+    return {"weights_gib": weights / 2**30, "kv_alloc_gib": kv / 2**30, "runtime_gib": (peak_bytes - weights - kv) / 2**30}
 
 
 def make_actor_class(settings: EngineSettings) -> Any:

@@ -39,6 +39,7 @@ FITTED = (
     "prefill_block_overhead_us",
 )
 PEAKS = ("peak_tflops", "mem_bandwidth_gbs")
+MEASURED_TERMS = ("memory_overhead_gib",)  # read off the measurements, not fitted (CPU engines: the runtime's baseline RSS)
 UPPER = {  # upper bounds of the fit: efficiencies are shares of a peak
     "eta_compute": 1.0,
     "eta_memory": 1.0,
@@ -63,8 +64,9 @@ class Measurement:
 
 
 def with_terms(hardware: Hardware, parameters: dict[str, float]) -> Hardware:
-    """`hardware` with a fit's terms and the peaks they were fitted against (other keys of `parameters` ignored)."""
-    terms: dict[str, Any] = {k: v for k, v in parameters.items() if k in (*FITTED, *PEAKS)}
+    """`hardware` with a fit's terms, the peaks they were fitted against and the terms read off the measurements
+    (other keys of `parameters` ignored)."""
+    terms: dict[str, Any] = {k: v for k, v in parameters.items() if k in (*FITTED, *PEAKS, *MEASURED_TERMS)}
     return dataclasses.replace(hardware, **terms)
 
 
