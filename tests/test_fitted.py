@@ -132,6 +132,12 @@ def test_extrapolation_is_flagged(tmp_path: Path) -> None:
     assert json.loads(kept.read_text())["ranges"]["ffn_blocks"] == [30.0, 30.0]
     one_dropped = dataclasses.replace(largest, blocks=(dataclasses.replace(largest.blocks[0], ffn=0), *largest.blocks[1:]))
     assert not model.extrapolates(largest) and model.extrapolates(one_dropped)
+    # measured only with 3 KV heads in every layer: 1 KV head everywhere is a KV mix outside the design
+    full_kv = dataclasses.replace(uniform_shrink(space(), 0.35), blocks=tuple(dataclasses.replace(b, kv_heads=3) for b in largest.blocks))
+    model = get_cost_model(space(), scenario, tmp_path, str(save_record(record(synthetic([largest, full_kv])), tmp_path / "d")))
+    one_kv = dataclasses.replace(largest, blocks=tuple(dataclasses.replace(b, kv_heads=1) for b in largest.blocks))
+    assert full_kv.num_params() < one_kv.num_params() < largest.num_params()
+    assert not model.extrapolates(largest) and model.extrapolates(one_kv)
 
 
 def test_bad_model_file_is_a_clear_error(tmp_path: Path) -> None:

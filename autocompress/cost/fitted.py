@@ -100,7 +100,7 @@ class FittedCostModel(CostModel):
 
     def extrapolates(self, arch: Architecture) -> bool:
         """Outside the fitted workloads' prompt/output/concurrency ranges or the measured ranges of parameters,
-        query heads, hidden size and kept attention / FFN blocks (files fitted before a coordinate was
+        query heads, hidden size, kept attention / FFN blocks and KV heads summed over layers (files fitted before a coordinate was
         recorded skip it; before the query-head axis: the base count only)."""
         ranges, wl = self.record["ranges"], self.workload
         points = {"prompt_len": wl.prompt_len, "output_len": wl.output_len, "concurrency": wl.concurrency, **_shape(arch)}
@@ -223,7 +223,17 @@ def ranges(data: Sequence[Measurement]) -> dict[str, list[float]]:
     return {k: [float(min(v)), float(max(v))] for k, v in values.items()}
 
 
-RANGED = ("prompt_len", "output_len", "concurrency", "params", "query_heads", "hidden_size", "attention_blocks", "ffn_blocks")
+RANGED = (
+    "prompt_len",
+    "output_len",
+    "concurrency",
+    "params",
+    "query_heads",
+    "hidden_size",
+    "attention_blocks",
+    "ffn_blocks",
+    "kv_heads",
+)
 
 
 def _shape(arch: Architecture) -> dict[str, float]:
@@ -234,6 +244,7 @@ def _shape(arch: Architecture) -> dict[str, float]:
         "hidden_size": arch.hidden_size,
         "attention_blocks": sum(1 for b in arch.blocks if b.kv_heads),  # kept blocks: the no-op pattern's extent
         "ffn_blocks": sum(1 for b in arch.blocks if b.ffn),
+        "kv_heads": sum(b.kv_heads for b in arch.blocks),  # the KV mix: what the KV cache and decode reads scale with
     }
 
 
