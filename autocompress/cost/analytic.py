@@ -26,6 +26,12 @@ GIB = 1024.0**3
 VERSION = 1
 
 
+def reread_tokens(prompt_len: int, chunk: int) -> float:
+    """Tokens' KV one prompt re-reads in chunked prefill: c = ceil(P / M) chunks, chunk j reads the j*M tokens before it."""
+    c = math.ceil(prompt_len / chunk)
+    return chunk * c * (c - 1) / 2
+
+
 class AnalyticCostModel(CostModel):
     """Roofline model parameterised by `Hardware` (peaks, efficiencies, overheads) and `Workload`."""
 
@@ -108,7 +114,9 @@ class AnalyticCostModel(CostModel):
     def _prefill_tables(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Seconds to prefill `batch` prompts of P tokens (T = B*P tokens in ceil(T/M) chunks of M).
 
-        projections: 2*T*W FLOPs, chunks*W*bytes + KV writes; attention core (causal): 2*B*q*P^2 FLOPs;
+        projections: 2*T*W FLOPs, chunks*W*bytes + KV writes; attention core (causal): 2*B*q*P^2 FLOPs,
+        KV writes plus the KV re-read of chunked prefill (a prompt longer than M prefills in c = ceil(P/M)
+        chunks, chunk j reading the KV of the j*M tokens before it: B*M*c*(c-1)/2 tokens' KV);
         FFN: 2*T*3*h*i FLOPs; LM head on the last token of each prompt only: 2*B*h*V FLOPs.
         """
         b, wl, hw = self.space.base, self.wl, self.hw
@@ -121,7 +129,8 @@ class AnalyticCostModel(CostModel):
         kv_bytes = tokens * 2 * kv * hd * wl.kv_bytes
         rows = tokens / chunks  # tokens per chunk
         attn = self._time(2 * tokens * w_proj, chunks * wb * w_proj + kv_bytes, rows, prefill=True)
-        attn = attn + self._time(2 * batch * q * p * p * (kv > 0), kv_bytes, p, rate=self._prefill_attn_flops)
+        reread = batch * reread_tokens(p, hw.max_num_batched_tokens) * 2 * kv * hd * wl.kv_bytes
+        attn = attn + self._time(2 * batch * q * p * p * (kv > 0), kv_bytes + reread, p, rate=self._prefill_attn_flops)
         attn = (attn + chunks * self._prefill_block_us * 1e-6) * (kv > 0)
         w_ffn = 3 * h * i
         ffn = (self._time(2 * tokens * w_ffn, chunks * wb * w_ffn, rows, prefill=True) + chunks * self._prefill_block_us * 1e-6) * (i > 0)

@@ -31,6 +31,7 @@ import pandas as pd
 from autocompress.arch.hybrid import SSM_BYTES, HybridModel, parameters
 from autocompress.config.metrics import Constraint
 from autocompress.config.schema import Hardware, Workload
+from autocompress.cost.analytic import reread_tokens
 from autocompress.cost.fitted import latest_record, with_terms
 from autocompress.errors import ConfigError
 
@@ -143,7 +144,8 @@ class HybridCost:
         return head + blocks + s["mlp_layers"] * (mlp + block)
 
     def _prefill(self, s: Shape, batch: np.ndarray) -> np.ndarray:
-        """Seconds to prefill `batch` prompts of P tokens: T = B * P tokens in ceil(T / M) chunks of M, summed over blocks."""
+        """Seconds to prefill `batch` prompts of P tokens: T = B * P tokens in ceil(T / M) chunks of M, summed over blocks;
+        attention counts the KV re-read of chunked prefill as the dense model does (analytic.reread_tokens)."""
         m, wl, hw = self.model, self.wl, self.hw
         w, wb, p = self._widths(s), wl.weight_bytes, wl.prompt_len
         tokens = batch * p
@@ -160,7 +162,8 @@ class HybridCost:
         kv_bytes = tokens * 2 * m.num_key_value_heads * m.head_dim * wl.kv_bytes
         q = s["num_attention_heads"] * m.head_dim
         attn = self._time(2 * tokens * w["attention"], chunks * wb * w["attention"] + kv_bytes, rows, pf)
-        attn = attn + self._time(2 * batch * q * p * p, kv_bytes, p, self._attn_flops)
+        reread = batch * reread_tokens(p, hw.max_num_batched_tokens) * 2 * m.num_key_value_heads * m.head_dim * wl.kv_bytes
+        attn = attn + self._time(2 * batch * q * p * p, kv_bytes + reread, p, self._attn_flops)
         k = m.num_experts_per_tok
         u = touched(s["n_routed_experts"], k, rows)
         moe = self._time(2 * tokens * k * w["expert"], chunks * wb * u * w["expert"], per_expert(rows, k, u), pf)
