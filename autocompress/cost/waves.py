@@ -33,7 +33,7 @@ def _resampled_medians(waves: np.ndarray, rng: np.random.Generator) -> np.ndarra
     return np.median(rng.choice(waves, size=(DRAWS, waves.size), replace=True), axis=1)
 
 
-def median_noise(waves: Sequence[float], seed: int = 0) -> float:
+def median_noise(waves: Sequence[float] | np.ndarray, seed: int = 0) -> float:
     """Half the width of the 90 % bootstrap interval of the median of `waves`, relative to that median."""
     w = np.asarray(waves, dtype=float)
     lo, hi = np.percentile(_resampled_medians(w, np.random.default_rng(seed)), [(100 - LEVEL) / 2, (100 + LEVEL) / 2])
