@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -95,25 +96,30 @@ def test_expectation_is_exact_for_one_decision(cm: CostModel) -> None:
         assert float(expected[key]) == pytest.approx(float(head_probs @ torch.tensor(values, dtype=torch.float64)), rel=1e-9)
 
 
+# one layer (d=64, q=64, kv=2, hd=16, i=96, V=256) priced by hand; 1e9 B/s, no overheads, all memory for the KV cache
+HAND = Architecture(hidden_size=64, num_attention_heads=4, head_dim=16, vocab_size=256, tie_word_embeddings=True, blocks=(Block(2, 96),))
+HAND_HW = Hardware(
+    name="hand",
+    peak_tflops=1.0,
+    mem_bandwidth_gbs=1.0,
+    memory_gib=1.0,
+    eta_compute=1.0,
+    eta_memory=1.0,
+    step_overhead_ms=0.0,
+    block_overhead_us=0.0,
+    memory_overhead_gib=0.0,
+    memory_utilization=1.0,
+    max_num_batched_tokens=64,
+)
+
+
+def hand_space() -> SearchSpace:
+    return SearchSpace.from_base(HAND, SpaceSpec(hidden_divisor=16, ffn_divisor=32))
+
+
 def test_roofline_by_hand() -> None:
     """One layer (d=64, q=64, kv=2, hd=16, i=96, V=256), bandwidth-bound decode of one sequence."""
-    base = Architecture(
-        hidden_size=64, num_attention_heads=4, head_dim=16, vocab_size=256, tie_word_embeddings=True, blocks=(Block(2, 96),)
-    )
-    space = SearchSpace.from_base(base, SpaceSpec(hidden_divisor=16, ffn_divisor=32))
-    hw = Hardware(
-        name="hand",
-        peak_tflops=1.0,
-        mem_bandwidth_gbs=1.0,
-        memory_gib=1.0,
-        eta_compute=1.0,
-        eta_memory=1.0,
-        step_overhead_ms=0.0,
-        block_overhead_us=0.0,
-        memory_overhead_gib=0.0,
-        memory_utilization=1.0,
-        max_num_batched_tokens=64,
-    )
+    base, space, hw = HAND, hand_space(), HAND_HW
     wl = Workload(name="hand", prompt_len=8, output_len=4, concurrency=1, context_len=16)
     costs = AnalyticCostModel(space, hw, wl).predict(base)
     # decode at context 8 + 4/2 = 10, bf16 (2 bytes), 1e9 B/s:
@@ -133,26 +139,9 @@ def test_chunked_prefill_rereads_the_kv_of_earlier_chunks() -> None:
     """A 24-token prompt in chunks of 8, compute free (bandwidth-bound by hand): chunk j re-reads the KV of the j*8
     tokens before it, 0 + 8 + 16 = 24 tokens' KV beyond the writes (in every scenario shipped, prefill attention is
     compute-bound by two orders of magnitude, so this term moves no prediction there)."""
-    base = Architecture(
-        hidden_size=64, num_attention_heads=4, head_dim=16, vocab_size=256, tie_word_embeddings=True, blocks=(Block(2, 96),)
-    )
-    space = SearchSpace.from_base(base, SpaceSpec(hidden_divisor=16, ffn_divisor=32))
-    hw = Hardware(
-        name="hand",
-        peak_tflops=1e6,
-        mem_bandwidth_gbs=1.0,
-        memory_gib=1.0,
-        eta_memory=1.0,
-        step_overhead_ms=0.0,
-        block_overhead_us=0.0,
-        prefill_overhead_ms=0.0,
-        prefill_block_overhead_us=0.0,
-        memory_overhead_gib=0.0,
-        memory_utilization=1.0,
-        max_num_batched_tokens=8,
-    )
+    hw = dataclasses.replace(HAND_HW, peak_tflops=1e6, prefill_overhead_ms=0.0, prefill_block_overhead_us=0.0, max_num_batched_tokens=8)
     wl = Workload(name="hand", prompt_len=24, output_len=4, concurrency=1, context_len=32)
-    ttft = AnalyticCostModel(space, hw, wl).predict(base)["ttft_ms"]
+    ttft = AnalyticCostModel(hand_space(), hw, wl).predict(HAND)["ttft_ms"]
     kv_token = 2 * 2 * 16 * 2  # K and V, 2 KV heads of 16, bf16
     # projections: 3 chunks read the weights 3 x 2*12288 B + KV writes 24 tokens; core: KV writes + re-read of 24 tokens;
     # FFN: 3 x 2*3*64*96 B; LM head once: 2*64*256 B
