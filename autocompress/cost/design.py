@@ -98,7 +98,7 @@ def spaced_indices(n: int, k: int) -> set[int]:
         return set(range(n))
     if k == 1:
         return {n // 2}
-    return {round(i * (n - 1) / (k - 1)) for i in range(min(k, n))}
+    return {round(i * (n - 1) / (k - 1)) for i in range(k)}
 
 
 # --------------------------------------------------------------------------- measurements file

