@@ -44,7 +44,9 @@ def run_profile(spec: RunSpec) -> Path | None:
     workloads = [spec.scenario.workload, *(load_workload(n) for n in spec.profile.extra_workloads)]
     kv = spec.profile.kv_cache_gib or hw.kv_cache_gib or 1.0
     settings = engine_settings(hw, workloads, kv, spec.profile.repeats, spec.profile.warmup)
-    settings = dataclasses.replace(settings, timeout_s=spec.profile.timeout_s, enforce_eager=spec.profile.enforce_eager)
+    settings = dataclasses.replace(
+        settings, timeout_s=spec.profile.timeout_s, enforce_eager=spec.profile.enforce_eager, single_process=spec.profile.single_process
+    )
     if spec.profile.source == "aiconfigurator":
         return profile_aiconfigurator(spec, workloads)
     path = measurements_path(spec.results_dir, hw)

@@ -105,6 +105,7 @@ def verify(path: Path) -> pd.DataFrame:
         engine_settings(hw, [wl], kv, spec.profile.repeats, spec.profile.warmup),
         timeout_s=spec.profile.timeout_s,
         enforce_eager=spec.profile.enforce_eager,
+        single_process=spec.profile.single_process,
     )
     constraints = _constraints(run_dir)
     base_config = load_base_model(spec.model).model.config.to_dict()

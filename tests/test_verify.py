@@ -64,6 +64,7 @@ def test_verify_writes_measured_columns(tmp_path: Path) -> None:
         "sweep.num_trials=1",
         "profile.repeats=1",
         "profile.warmup=0",
+        "profile.single_process=true",  # no two more vLLM processes per engine: the columns are the point here, not deployment timings
     ]
     sweep = run_cli("autocompress.sweep", "+scenario=cpu_interactive", *overrides, f"results.dir={tmp_path}", "results.run_id=v")
     assert sweep.returncode == 0, sweep.stderr[-2000:]

@@ -138,8 +138,14 @@ def enumerate_candidates(
     spec: MinitronSpec,
     width: float | None = None,
     depth: float | None = None,
+    priced: dict[tuple[int, ...], tuple[Architecture, dict[str, float]]] | None = None,
 ) -> list[Candidate]:
-    """Every homogeneous candidate of the grid at the limits (default: the spec's) that meets all `constraints`, most parameters first."""
+    """Every homogeneous candidate of the grid at the limits (default: the spec's) that meets all `constraints`, most parameters first.
+
+    `priced` keeps each shape's architecture and predicted costs across calls: the grids of wider limits
+    contain the narrower ones, and widening step by step would otherwise price the same shapes again.
+    """
+    priced = {} if priced is None else priced
     g = grid(
         space, spec, spec.max_width_pruning if width is None else width, spec.max_depth_pruning if depth is None else depth, len(drop_order)
     )
@@ -148,8 +154,11 @@ def enumerate_candidates(
         if heads % kv:
             continue
         dropped = tuple(sorted(drop_order[:n_drop]))
-        arch = space.homogeneous(hidden, kv, ffn, dropped, heads)
-        costs = cost_model.predict(arch)
+        shape = (hidden, heads, kv, ffn, n_drop)
+        if shape not in priced:
+            arch = space.homogeneous(hidden, kv, ffn, dropped, heads)
+            priced[shape] = (arch, cost_model.predict(arch))
+        arch, costs = priced[shape]
         if all(c.satisfied(costs[c.metric]) for c in constraints):
             found.append(Candidate(arch, hidden, heads, kv, ffn, dropped, arch.num_params(), costs))
     found.sort(key=lambda c: (-c.params, -c.hidden, -c.heads, -c.kv_heads, -c.ffn, len(c.dropped)))
@@ -197,10 +206,11 @@ def feasible_candidates(
     defaults = (spec.max_width_pruning, spec.max_depth_pruning)
     tried: list[dict[str, Any]] = []
     best_level: list[Admitted] = []
+    priced: dict[tuple[int, ...], tuple[Architecture, dict[str, float]]] = {}
     for level in limit_levels(spec):
         admitted = []
         for width, depth in level:
-            found = enumerate_candidates(space, drop_order, cost_model, constraints, spec, width, depth)
+            found = enumerate_candidates(space, drop_order, cost_model, constraints, spec, width, depth, priced)
             tried.append({"max_width_pruning": width, "max_depth_pruning": depth, "feasible": len(found)})
             if found:
                 admitted.append(Admitted(width, depth, found))

@@ -341,6 +341,7 @@ class ProfileSpec:
     warmup: int = 1
     timeout_s: float = 900.0
     enforce_eager: bool = False  # serve without torch.compile (what verify and the fitted model then describe)
+    single_process: bool = False  # engine core and worker in the measuring process: ~30 s less per engine start, no IPC hops timed
     seed: int = 0
     source: str = "engine"  # engine: measure in the serving engine here | aiconfigurator: NVIDIA's kernel-table estimates (GPUs)
 
