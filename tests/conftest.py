@@ -17,6 +17,26 @@ from autocompress.config.schema import ModelSpec, SpaceSpec
 from autocompress.model.base import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# `make test` runs the suite on two pytest-xdist workers (-n 2 --dist loadgroup --no-loadscope-reorder): one module
+# is one unit of work (its module fixtures run once), modules sharing a session fixture are one unit, and the
+# heaviest units start first, so that no worker is left alone with a long one at the end (serial: 1394 s, 2026-12-03).
+HEAVY_FIRST = ("test_resume", "test_profile", "test_sweep", "test_moe_sweep", "test_verify", "test_cluster", "test_plan", "test_export")
+SHARED_UNIT = {"test_report": "test_sweep"}  # both read the session fixture `tiny_sweep`
+
+
+def _unit(item: pytest.Item) -> str:
+    name = Path(item.nodeid.split("::")[0]).stem
+    return SHARED_UNIT.get(name, name)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {unit: n for n, unit in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(_unit(item), len(rank)))  # stable: the rest keep pytest's order
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(_unit(item)))
 CONF = ROOT / "conf"
 __all__ = ["compose_dict", "compose_spec"]
 SHARED_DATA = ROOT.parent / "shared" / "data"

@@ -31,8 +31,7 @@ def moe_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         # 0.6x / 0.8x (made for 120 B) admit no shape; 0.92x needs one attention layer less, 0.93x two layers less
         "scenario.constraints.memory_gib=0.92x",
         "scenario.constraints.tpot_ms=0.93x",
-        "sweep.num_trials=2",
-        "sweep.max_concurrent_trials=1",
+        "sweep.num_trials=1",
         "search.threads=1",
         f"results.dir={root}",
         "results.run_id=m1",
