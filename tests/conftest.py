@@ -37,6 +37,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if config.pluginmanager.hasplugin("xdist"):
         for item in items:
             item.add_marker(pytest.mark.xdist_group(_unit(item)))
+
+
 CONF = ROOT / "conf"
 __all__ = ["compose_dict", "compose_spec"]
 SHARED_DATA = ROOT.parent / "shared" / "data"
