@@ -36,7 +36,7 @@ demo: install
 # tests/conftest.py makes each module one unit and starts the heaviest first.
 TEST_WORKERS ?= 2
 test: install-test
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 lint: install
 	$(BIN)/ruff check autocompress tests benchmarks

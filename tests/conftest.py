@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -18,25 +19,35 @@ from autocompress.model.base import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# `make test` runs the suite on two pytest-xdist workers (-n 2 --dist loadgroup --no-loadscope-reorder): one module
-# is one unit of work (its module fixtures run once), modules sharing a session fixture are one unit, and the
-# heaviest units start first, so that no worker is left alone with a long one at the end (serial: 1394 s, 2026-12-03).
+# `make test` runs the suite on two pytest-xdist workers (-n 2) with the scheduler below: one module is one unit of
+# work (its module fixtures run once), modules sharing a session fixture are one unit, and the heaviest units start
+# first, so that no worker is left alone with a long one at the end (serial: 1394 s, 2026-12-03).
 HEAVY_FIRST = ("test_resume", "test_profile", "test_sweep", "test_moe_sweep", "test_verify", "test_cluster", "test_plan", "test_export")
 SHARED_UNIT = {"test_report": "test_sweep"}  # both read the session fixture `tiny_sweep`
 
 
-def _unit(item: pytest.Item) -> str:
-    name = Path(item.nodeid.split("::")[0]).stem
+def _unit(nodeid: str) -> str:
+    name = Path(nodeid.split("::")[0]).stem
     return SHARED_UNIT.get(name, name)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {unit: n for n, unit in enumerate(HEAVY_FIRST)}
-    items.sort(key=lambda item: rank.get(_unit(item), len(rank)))  # stable: the rest keep pytest's order
-    if config.pluginmanager.hasplugin("xdist"):
-        for item in items:
-            item.add_marker(pytest.mark.xdist_group(_unit(item)))
+    items.sort(key=lambda item: rank.get(_unit(item.nodeid), len(rank)))  # stable: the rest keep pytest's order
+
+
+if importlib.util.find_spec("xdist") is not None:  # pytest refuses a hook no installed plugin defines
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+        """Units as above, handed out in collection order (xdist's loadgroup marks do not reach pytest 9.2's node ids)."""
+        from xdist.scheduler import LoadScopeScheduling
+
+        class ByUnit(LoadScopeScheduling):  # type: ignore[misc]
+            def _split_scope(self, nodeid: str) -> str:
+                return _unit(nodeid)
+
+        config.option.loadscopereorder = False  # xdist's default orders units by test count: the few heavy tests last
+        return ByUnit(config, log)
 
 
 CONF = ROOT / "conf"
