@@ -42,7 +42,7 @@ if importlib.util.find_spec("xdist") is not None:  # pytest refuses a hook no in
         """Units as above, handed out in collection order (xdist's loadgroup marks do not reach pytest 9.2's node ids)."""
         from xdist.scheduler import LoadScopeScheduling
 
-        class ByUnit(LoadScopeScheduling):  # type: ignore[misc]
+        class ByUnit(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
                 return _unit(nodeid)
 
