@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -36,8 +35,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(_unit(item.nodeid), len(rank)))  # stable: the rest keep pytest's order
 
 
-if importlib.util.find_spec("xdist") is not None:  # pytest refuses a hook no installed plugin defines
+class _UnitScheduler:
+    """xdist's scheduler hook, registered only where xdist runs (pytest refuses a hook no active plugin defines)."""
 
+    @staticmethod
     def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         """Units as above, handed out in collection order (xdist's loadgroup marks do not reach pytest 9.2's node ids)."""
         from xdist.scheduler import LoadScopeScheduling
@@ -48,6 +49,11 @@ if importlib.util.find_spec("xdist") is not None:  # pytest refuses a hook no in
 
         config.option.loadscopereorder = False  # xdist's default orders units by test count: the few heavy tests last
         return ByUnit(config, log)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_UnitScheduler(), "autocompress-unit-scheduler")
 
 
 CONF = ROOT / "conf"
