@@ -18,6 +18,9 @@ from autocompress.cost.fitted import Measurement, _predict, fit_parameters, vali
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.ray,
+    # its checks compare timings of the same waves: beside another xdist worker's load a wave's wall time gained
+    # time outside the requests' own timestamps (throughput 18.6 tok/s against the 60.2 its TTFT and TPOT imply)
+    pytest.mark.timing,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"),
 ]
 
