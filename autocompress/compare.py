@@ -226,12 +226,11 @@ def measure_costs(job: CompareJob, ctx: Context, models: list[Model], out: Path,
 
 def _measure(ctx: Context, models: list[Model], path: Path) -> None:
     from autocompress.cluster import init_ray
-    from autocompress.cost.engine import engine_settings, measure_many, measured_metrics, require_vllm
+    from autocompress.cost.engine import measure_many, measured_metrics, require_vllm, settings_for
 
     hw, wl = ctx.spec.scenario.hardware, ctx.spec.scenario.workload
     require_vllm(hw.engine)
-    settings = engine_settings(hw, [wl], ctx.spec.profile.kv_cache_gib or hw.kv_cache_gib or 1.0, 3, 1)
-    settings = dataclasses.replace(settings, enforce_eager=bool(getattr(ctx.spec.profile, "enforce_eager", False)))
+    settings = settings_for(ctx.spec.profile, hw, [wl], repeats=3, warmup=1)
     init_ray(ctx.spec.sweep.ray_address)
     names, measured = {m.arch.to_json(): m.name for m in models}, {}
     for arch, rows in measure_many([m.arch for m in models], ctx.model.config.to_dict(), [wl], settings):

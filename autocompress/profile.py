@@ -10,7 +10,6 @@ and is used automatically by later sweeps on that hardware.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import hydra
@@ -32,7 +31,7 @@ from autocompress.cost.design import (
     measurements_path,
     run_measurements,
 )
-from autocompress.cost.engine import engine_settings, require_vllm
+from autocompress.cost.engine import require_vllm, settings_for
 from autocompress.errors import ConfigError
 from autocompress.model.base import load_base_model
 
@@ -42,11 +41,7 @@ from autocompress.model.base import load_base_model
 def run_profile(spec: RunSpec) -> Path | None:
     hw = spec.scenario.hardware
     workloads = [spec.scenario.workload, *(load_workload(n) for n in spec.profile.extra_workloads)]
-    kv = spec.profile.kv_cache_gib or hw.kv_cache_gib or 1.0
-    settings = engine_settings(hw, workloads, kv, spec.profile.repeats, spec.profile.warmup)
-    settings = dataclasses.replace(
-        settings, timeout_s=spec.profile.timeout_s, enforce_eager=spec.profile.enforce_eager, single_process=spec.profile.single_process
-    )
+    settings = settings_for(spec.profile, hw, workloads)
     if spec.profile.source == "aiconfigurator":
         return profile_aiconfigurator(spec, workloads)
     path = measurements_path(spec.results_dir, hw)

@@ -18,7 +18,6 @@ rewritten atomically; `trials.parquet` gets the same columns for the verified tr
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -32,7 +31,7 @@ from autocompress.config.cliargs import guarded
 from autocompress.config.compose import run_spec_of
 from autocompress.config.metrics import Constraint
 from autocompress.config.schema import RunSpec
-from autocompress.cost.engine import engine_settings, measure_many, measured_metrics, measured_spreads, require_vllm
+from autocompress.cost.engine import measure_many, measured_metrics, measured_spreads, require_vllm, settings_for
 from autocompress.errors import ConfigError
 from autocompress.io import RUN_METADATA, RUN_PARETO, RUN_TRIALS, log, write_parquet
 from autocompress.model.base import load_base_model
@@ -100,13 +99,7 @@ def verify(path: Path) -> pd.DataFrame:
     table = _finished(path, "verify")
     hw, wl = spec.scenario.hardware, spec.scenario.workload
     require_vllm(hw.engine)
-    kv = spec.profile.kv_cache_gib or hw.kv_cache_gib or 1.0
-    settings = dataclasses.replace(
-        engine_settings(hw, [wl], kv, spec.profile.repeats, spec.profile.warmup),
-        timeout_s=spec.profile.timeout_s,
-        enforce_eager=spec.profile.enforce_eager,
-        single_process=spec.profile.single_process,
-    )
+    settings = settings_for(spec.profile, hw, [wl])
     constraints = _constraints(run_dir)
     base_config = load_base_model(spec.model).model.config.to_dict()
     init_ray(spec.sweep.ray_address)

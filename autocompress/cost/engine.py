@@ -22,12 +22,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from autocompress.arch.space import Architecture
-from autocompress.config.schema import DTYPE_BYTES, Hardware, Workload
+from autocompress.config.schema import DTYPE_BYTES, Hardware, ProfileSpec, Workload
 from autocompress.errors import ConfigError
 
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -113,6 +113,18 @@ def engine_settings(hardware: Hardware, workloads: list[Workload], kv_cache_gib:
         repeats=repeats,
         warmup=warmup,
     )
+
+
+def settings_for(
+    profile: ProfileSpec, hardware: Hardware, workloads: list[Workload], repeats: int | None = None, warmup: int | None = None
+) -> EngineSettings:
+    """The engine settings a run's `profile` section asks for: profile, verify and compare's measurements alike
+    (repeats and warm-up waves: the section's unless given)."""
+    kv = profile.kv_cache_gib or hardware.kv_cache_gib or 1.0
+    settings = engine_settings(
+        hardware, workloads, kv, profile.repeats if repeats is None else repeats, profile.warmup if warmup is None else warmup
+    )
+    return replace(settings, timeout_s=profile.timeout_s, enforce_eager=profile.enforce_eager, single_process=profile.single_process)
 
 
 # --------------------------------------------------------------------------- inside the actor
