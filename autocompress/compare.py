@@ -108,6 +108,13 @@ class Context:
     cost_model: Any  # CostModel
     constraints: tuple[Constraint, ...]  # absolute, as the sweep resolved them
     data: Any  # TokenData of the run's calibration source
+    family: str = "llama"  # the trials' family: llama (dense) or granitemoehybrid (autocompress.baselines.minitron_moe)
+    base_arch: Any = None  # the unpruned model's architecture (dense: space.base)
+    base_path: str = "base"  # what evaluate loads as the unpruned model
+
+    @property
+    def hybrid(self) -> bool:
+        return self.family == "granitemoehybrid"
 
 
 def resolve_run(job: CompareJob, config_yaml: str, stages: dict[str, float | str]) -> Path:
@@ -170,6 +177,64 @@ def minitron_stage(job: CompareJob, ctx: Context, out: Path) -> None:
     write_json(summary, out / "minitron.json")
 
 
+def minitron_moe_stage(job: CompareJob, ctx: Context, out: Path) -> None:
+    """Minitron's pick for a hybrid-MoE run (autocompress.baselines.minitron_moe), its checkpoint and candidates.parquet."""
+    import torch
+
+    from autocompress.arch.moe_pruning import prune
+    from autocompress.baselines import minitron_moe
+    from autocompress.checkpoints.verification import ExportError
+    from autocompress.io import staged
+    from autocompress.search.moe import kl_and_perplexity, logits_of
+
+    model, mspec = ctx.model, job.compare.minitron
+    select = ctx.data.select[: mspec.score_sequences]
+    res = minitron_moe.search(model, ctx.cost_model.cost, ctx.constraints, ctx.data.calib, select, mspec)
+    pruned = prune(model, res.best, res.importance)
+    report = ctx.data.report
+    kl_report, ppl_report = kl_and_perplexity(pruned, report, logits_of(model, report))
+    arch = ctx.cost_model.arch(res.best)
+    dropped = [i for i in range(model.config.num_hidden_layers) if i not in res.best.layers]
+    lim = res.limits
+    card = (
+        f"# {ctx.spec.model.name}, pruned by the {minitron_moe.LABEL} baseline for `{ctx.spec.scenario.name}`\n\n"
+        f"{res.best.experts} routed experts of FFN {res.best.expert_ffn}, shared expert {res.best.shared_ffn}, dropped layers "
+        f"{dropped or 'none'}; {arch.params:,} parameters; best selection-split KL of the top {mspec.top_k} per limit pair, "
+        f"{len(res.scored)} scored of {res.feasible} feasible (limits {lim['max_width_pruning']} / {lim['max_depth_pruning']}"
+        f"{', widened beyond ModelOpt defaults' if lim['widened'] else ''}; cost model `{ctx.cost_model.id}`)."
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    ids = report[:2, :16]
+    with staged(out / "pruned", overwrite=True) as tmp:
+        pruned.save_pretrained(tmp)
+        ctx.tokenizer.save_pretrained(tmp)
+        reloaded = type(pruned).from_pretrained(tmp, dtype=torch.float32).eval()
+        with torch.no_grad():
+            if not torch.equal(reloaded(ids, use_cache=False).logits, pruned(ids, use_cache=False).logits):
+                raise ExportError(f"the checkpoint written to {tmp} does not load back to the pruned model's logits")
+        (tmp / "README.md").write_text(card + "\n", encoding="utf-8")
+    write_parquet(res.scored, out / "candidates.parquet")
+    cfg = model.config
+    summary = {
+        "label": minitron_moe.LABEL,
+        "architecture": arch.to_json(),
+        "feasible_candidates": res.feasible,
+        "limits": res.limits,
+        "hidden_size": cfg.hidden_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "ffn": res.best.expert_ffn,
+        "experts": res.best.experts,
+        "expert_ffn": res.best.expert_ffn,
+        "shared_ffn": res.best.shared_ffn,
+        "dropped_blocks": dropped,
+        "kl_select": float(res.scored.loc[res.scored["chosen"], "kl"].iloc[0]),
+        "kl_report": kl_report,
+        "perplexity_report": ppl_report,
+    }
+    write_json(summary, out / "minitron.json")
+
+
 def cost_model_choice(configured: str, judged_by: str) -> str:
     """The cost model a run's trials were judged by: `auto` that meant the analytic model then (no fit existed for the
     hardware, e.g. before the GPU fits shipped in the package) still means it for that run."""
@@ -187,9 +252,11 @@ def build_context(job: CompareJob, run_dir: Path) -> Context:
     spec = run.spec or job.spec
     if spec.scenario.name != job.spec.scenario.name:
         raise ConfigError(f"compare.run={run_dir} is a run of scenario {spec.scenario.name!r}, not {job.spec.scenario.name!r}")
+    row = pick_trial(run.trials, job.compare.trial, run_dir)
+    if row.get("family") == "granitemoehybrid":
+        return hybrid_context(job, run, spec, row)
     base = load_base_model(spec.model)
     space = SearchSpace.from_base(Architecture.from_llama_config(base.model.config), spec.search.space)
-    row = pick_trial(run.trials, job.compare.trial, run_dir)
     cost_model = get_cost_model(space, spec.scenario, spec.results_dir, cost_model_choice(spec.cost_model, str(row["cost_model"])))
     if cost_model.id != row["cost_model"]:
         raise ConfigError(
@@ -198,7 +265,60 @@ def build_context(job: CompareJob, run_dir: Path) -> Context:
         )
     constraints = tuple(Constraint(c.metric, c.value) for c in run.constraints.values())
     data = load_token_data(spec.data, base.tokenizer)
-    return Context(run, spec, row, base.model, base.tokenizer, space, cost_model, constraints, data)
+    return Context(run, spec, row, base.model, base.tokenizer, space, cost_model, constraints, data, base_arch=space.base)
+
+
+def hybrid_context(job: CompareJob, run: Any, spec: RunSpec, row: dict[str, Any]) -> Context:
+    """The context of a hybrid-MoE run: its base checkpoint, the sweep's hybrid roofline (checked against the trial's figures)."""
+    import math
+
+    from autocompress.arch.hybrid import HybridModel
+    from autocompress.arch.moe_pruning import MoEShape
+    from autocompress.baselines.minitron_moe import HybridCostModel, shape_from_json
+    from autocompress.config.metrics import METRICS
+    from autocompress.cost.hybrid import HybridCost, hardware_terms
+    from autocompress.model.data import load_token_data
+    from autocompress.search.moe import load_moe, model_path
+
+    if job.compare.minitron.prune_kv_groups:
+        raise ConfigError("compare.minitron.prune_kv_groups is an ablation for Llama-family models; drop it for a hybrid-MoE run")
+    path = model_path(spec)
+    model, tokenizer = load_moe(path)
+    hw, _ = hardware_terms(spec.scenario.hardware, spec.cost_model)
+    layer_types = list(model.config.layer_types)
+    cost_model = HybridCostModel(
+        HybridCost(HybridModel.from_granite(model.config, name=spec.model.name), hw, spec.scenario.workload),
+        layer_types,
+        f"hybrid-analytic/{hw.name}",
+    )
+    if cost_model.id != row["cost_model"]:
+        raise ConfigError(
+            f"the run's trials were judged by cost model {row['cost_model']}, but {cost_model.id} resolves now; rerun the sweep"
+        )
+    costs = cost_model.predict(cost_model.arch(shape_from_json(row["architecture"])))
+    for metric in METRICS:
+        if not math.isclose(costs[metric], float(row[metric]), rel_tol=1e-6):
+            raise ConfigError(
+                f"the hybrid roofline now predicts {metric}={costs[metric]:.6g} for trial {row['trial_id']}, the sweep recorded "
+                f"{float(row[metric]):.6g}: the cost model changed since the sweep; rerun the sweep"
+            )
+    constraints = tuple(Constraint(c.metric, c.value) for c in run.constraints.values())
+    data = load_token_data(spec.data, tokenizer)
+    base_arch = cost_model.arch(MoEShape.of(model.config))
+    return Context(
+        run,
+        spec,
+        row,
+        model,
+        tokenizer,
+        None,
+        cost_model,
+        constraints,
+        data,
+        family="granitemoehybrid",
+        base_arch=base_arch,
+        base_path=path,
+    )
 
 
 def evaluate_stage(job: CompareJob, ctx: Context, path: str | Path, out: Path) -> None:
@@ -213,6 +333,8 @@ def measure_costs(job: CompareJob, ctx: Context, models: list[Model], out: Path,
     """Measured costs in the serving engine where it runs here (or compare.measure=always), kept in measured.json; a note."""
     hw, wl = ctx.spec.scenario.hardware, ctx.spec.scenario.workload
     local = hw.engine == "vllm-cpu" and importlib.util.find_spec("vllm") is not None
+    if ctx.hybrid:
+        return "not measured (compare measures Llama-family models in the engine; hybrid-MoE costs are the hybrid roofline's)"
     if job.compare.measure == "never" or (job.compare.measure == "auto" and not local):
         return "not measured" + ("" if job.compare.measure == "never" else f" (the engine for {hw.name} does not run on this machine)")
     path = out / "measured.json"
@@ -264,10 +386,17 @@ def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Mo
         "data": dataclasses.asdict(ctx.spec.data),
         "constraints": [dataclasses.asdict(c) for c in ctx.constraints],
     }
-    stages.run("minitron/pruned", mkey, out / "minitron" / "pruned", partial(minitron_stage, job, ctx, out / "minitron"))
+    stage = minitron_moe_stage if ctx.hybrid else minitron_stage
+    stages.run("minitron/pruned", mkey, out / "minitron" / "pruned", partial(stage, job, ctx, out / "minitron"))
     mt = json.loads((out / "minitron" / "minitron.json").read_text())
-    ac_arch, mt_arch = Architecture.from_json(row["architecture"]), Architecture.from_json(mt["architecture"])
-    mt_label = f"{mt['label']}: {mt_arch.num_layers - len(mt['dropped_blocks'])} layers, {mt['num_attention_heads']} query heads"
+    if ctx.hybrid:
+        from autocompress.baselines.minitron_moe import shape_from_json
+
+        ac_arch, mt_arch = (cost_model.arch(shape_from_json(a)) for a in (row["architecture"], mt["architecture"]))
+        mt_label = f"{mt['label']}: {len(mt_arch.shape.layers)} layers, {mt['experts']} experts"
+    else:
+        ac_arch, mt_arch = Architecture.from_json(row["architecture"]), Architecture.from_json(mt["architecture"])
+        mt_label = f"{mt['label']}: {mt_arch.num_layers - len(mt['dropped_blocks'])} layers, {mt['num_attention_heads']} query heads"
     return [
         Model("autocompress", ac_arch, cost_model.predict(ac_arch), float(row["kl"]), label=str(row["trial_id"])),
         Model("minitron", mt_arch, cost_model.predict(mt_arch), float(mt["kl_report"]), label=mt_label),
@@ -296,8 +425,8 @@ def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stag
             stages.run(f"{m.name}/eval-seed{seed}", key, evaluated, partial(evaluate_stage, job, ctx, target, evaluated))
             m.results.append(read_result(evaluated))
     base_eval = Path(spec.results_dir).resolve() / "evaluate" / f"base-{spec.model.name}-{_hash(ekey)}"
-    stages.run("base/eval", ekey, base_eval, partial(evaluate_stage, job, ctx, "base", base_eval), shared=True)
-    base_arch = ctx.space.base
+    stages.run("base/eval", ekey, base_eval, partial(evaluate_stage, job, ctx, ctx.base_path, base_eval), shared=True)
+    base_arch = ctx.base_arch
     return Model("base", base_arch, ctx.cost_model.predict(base_arch), 0.0, label="unpruned", results=[read_result(base_eval)])
 
 
@@ -345,6 +474,7 @@ def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model],
                 "params": mt.arch.num_params(),
                 "average": 100 * mt.score("average"),
                 **{k: minitron[k] for k in ("label", "hidden_size", "num_attention_heads", "num_key_value_heads", "ffn")},
+                **{k: minitron[k] for k in ("experts", "expert_ffn", "shared_ffn") if k in minitron},  # hybrid-MoE runs
                 "dropped_blocks": minitron["dropped_blocks"],
                 "limits": minitron["limits"],
             },

@@ -115,8 +115,9 @@ def load_base_model(spec: ModelSpec) -> BaseModel:
     tokenizer: Any
     if spec.source == "tiny_hybrid_moe":
         raise ConfigError(
-            "model=tiny_hybrid_moe (GraniteMoeHybrid) is supported by sweep and export only so far; "
-            "compare and verify take Llama-family models"
+            "model=tiny_hybrid_moe (GraniteMoeHybrid) is taken by sweep, export and compare; verify takes Llama-family models, "
+            "and distill / evaluate take it as a checkpoint folder (teacher=DIR; the trained model is cached under "
+            "$AUTOCOMPRESS_CACHE/models/, default ~/.cache/autocompress/models/)"
         )
     if spec.source == "tiny":
         model, tokenizer, path = tiny_llama(spec), ByteTokenizer(), None
@@ -131,7 +132,7 @@ def load_base_model(spec: ModelSpec) -> BaseModel:
             raise ConfigError(f"model.path={path!r} could not be loaded ({exc}); give a local checkpoint directory or a hub id") from exc
         if model.config.model_type != "llama":
             moe = model.config.model_type == "granitemoehybrid"
-            hybrid = " (GraniteMoeHybrid models: sweep and export take them, this command does not yet)" if moe else ""
+            hybrid = " (GraniteMoeHybrid models: sweep, export and compare take them; distill / evaluate as a folder)" if moe else ""
             raise ConfigError(f"model.path={path!r} is a {model.config.model_type!r} model; only Llama-family models are supported{hybrid}")
     model.eval()
     model.requires_grad_(False)
