@@ -101,3 +101,14 @@ def test_compare_runs_on_the_hybrid_run(moe_run: Path, tmp_path: Path) -> None:
     assert config["num_local_experts"] == mt["experts"] and config["intermediate_size"] == mt["expert_ffn"]
     assert config["num_hidden_layers"] == 6 - len(mt["dropped_blocks"])
     assert summary["measure"].startswith("not measured") and -100 <= summary["diff"]["low"] <= summary["diff"]["high"] <= 100
+
+
+def test_the_report_shows_the_hybrid_shapes(moe_run: Path, tmp_path: Path) -> None:
+    from autocompress.report import write_report
+    from autocompress.results.store import load_run
+
+    text = write_report([load_run(moe_run)], tmp_path / "report").read_text()
+    header = next(line for line in text.splitlines() if line.startswith("| point"))
+    assert all(f" {c} " in header for c in ("experts", "expert_ffn", "shared_ffn", "mamba_layers", "attention_layers"))
+    assert (tmp_path / "report" / "pareto_kl.png").is_file()
+    assert not (tmp_path / "report" / "architectures.png").exists()  # per-layer block configs: dense runs only

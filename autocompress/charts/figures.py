@@ -217,6 +217,18 @@ def architecture_info(labels: Sequence[str], architectures: Sequence[str], base:
     return ArchitectureInfo(list(labels), hidden, kv, ffn, max(max_kv, 1), max(max_ffn, 1))
 
 
+HYBRID_COLUMNS = ("experts", "expert_ffn", "shared_ffn", "mamba_layers", "attention_layers")  # a hybrid-MoE trial's shape
+
+
+def is_hybrid(run: Run) -> bool:
+    """A hybrid-MoE run (GraniteMoeHybrid): global widths and kept layers, no per-layer block configs to draw."""
+    return run.metadata.get("family") == "granitemoehybrid"
+
+
+def no_architectures() -> ArchitectureInfo:
+    return ArchitectureInfo([], [], np.zeros((0, 0)), np.zeros((0, 0)), 1, 1)
+
+
 def base_architecture(run: Run) -> Architecture | None:
     text = run.metadata.get("base_architecture")
     return Architecture.from_json(text) if text else None
@@ -238,7 +250,9 @@ def point_label(row: pd.Series, point: str) -> str:
 
 
 def run_architectures(run: Run, limit: int = 12) -> ArchitectureInfo:
-    """The run's chosen points (and the base model when metadata records it) layer by layer."""
+    """The run's chosen points (and the base model when metadata records it) layer by layer (none for a hybrid-MoE run)."""
+    if is_hybrid(run):
+        return no_architectures()
     front = chosen_points(run, limit)
     names = point_names(run)
     labels = [point_label(row, names.get(str(row["trial_id"]), str(row["trial_id"]))) for _, row in front.iterrows()]
@@ -268,7 +282,7 @@ def compare_architectures(runs: Sequence[Run]) -> ArchitectureInfo:
     labels, archs = [], []
     for run in runs:
         best = best_point(run)
-        if best is not None:
+        if best is not None and not is_hybrid(run):
             labels.append(f"{run.label}: KL {best['kl']:.3g}, {fmt_params(best['params'])}, d={int(best['hidden_size'])}")
             archs.append(str(best["architecture"]))
     return architecture_info(labels, archs)
@@ -300,7 +314,10 @@ def pareto_table(run: Run) -> pd.DataFrame:
     front = chosen_points(run, limit=len(run.pareto) or 1)
     extra = [c for c in quality_metrics(run.trials) if c != "kl" and c in front.columns]
     measured = [f"measured_{c}" for c in COST_DIRECTIONS if f"measured_{c}" in front.columns]
-    cols = ["trial_id", "margin", "dual_lr", "params", "hidden_size", "num_attention_kept", "num_ffn_kept", "kl", *extra]
+    if is_hybrid(run):
+        cols = ["trial_id", "margin", "params", *HYBRID_COLUMNS, "kl", *extra]
+    else:
+        cols = ["trial_id", "margin", "dual_lr", "params", "hidden_size", "num_attention_kept", "num_ffn_kept", "kl", *extra]
     table = front[[*cols, *COST_DIRECTIONS, *measured]].copy()
     names = point_names(run)
     table.insert(0, "point", [names.get(str(t), str(t)) for t in table["trial_id"]])
