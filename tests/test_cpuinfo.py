@@ -50,3 +50,23 @@ def test_measured_peaks_are_plausible() -> None:
     """The real measurement: positive and finite (what it reads depends on the CPU and its load)."""
     out = cpuinfo.measure("fp32", n=256, repeats=2, mib=16, rounds=2)
     assert 0 < out["peak_tflops"] < 100 and 0 < out["mem_bandwidth_gbs"] < 10_000
+
+
+def test_peaks_measured_on_a_busy_machine_are_flagged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The load beside the measurement is recorded; a busy one is warned about when the peaks are used, a quiet one is not."""
+    monkeypatch.setenv("AUTOCOMPRESS_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpuinfo, "measure", lambda dtype="fp32": {"peak_tflops": 0.3, "mem_bandwidth_gbs": 13.0})
+    monkeypatch.setattr(cpuinfo.os, "cpu_count", lambda: 2)
+    cpuinfo._warn_busy.cache_clear()
+    monkeypatch.setattr(cpuinfo.os, "getloadavg", lambda: (3.2, 3.0, 2.0))  # a test suite's two workers beside this process
+    first = cpuinfo.peaks("fp32")
+    assert first["other_load_per_core"] == 1.1 and "measured" in capsys.readouterr().err
+    monkeypatch.setattr(cpuinfo.os, "getloadavg", lambda: (0.9, 0.5, 0.5))  # quiet now: the cached entry is still the busy one
+    assert cpuinfo.peaks("fp32")["peak_tflops"] == 0.3
+    cpuinfo._warn_busy.cache_clear()
+    cpuinfo.peaks("fp32")
+    assert "while other work ran (1.10 per core" in capsys.readouterr().err
+    second = cpuinfo.peaks("bf16")  # measured now, on the quiet machine: no warning
+    assert second["other_load_per_core"] == 0.0 and capsys.readouterr().err == ""

@@ -80,10 +80,30 @@ def measure(dtype: str = "fp32", n: int = 1024, repeats: int = 8, mib: int = 256
     return {"peak_tflops": tflops, "mem_bandwidth_gbs": gbs}
 
 
+BUSY = 0.5  # other work per core (1-minute load average, less this process's one) above which a measurement reads low
+
+
+def other_load_per_core() -> float:
+    """The 1-minute load average less one (the process asking), per core: about 0 on a quiet machine."""
+    return max(0.0, os.getloadavg()[0] - 1.0) / (os.cpu_count() or 1)
+
+
+@functools.cache
+def _warn_busy(path: str, dtype: str, load: float, measured_at: str) -> None:
+    from autocompress.io import log
+
+    log(
+        f"warning: this CPU's {dtype} peaks in {path} were measured at {measured_at} while other work ran ({load:.2f} "
+        "per core beyond this process): they read low, and the analytic CPU model built on them is pessimistic. "
+        "Delete the file on a quiet machine to measure them again (a fitted cost model keeps the peaks it was fitted with)"
+    )
+
+
 def peaks(dtype: str = "fp32") -> dict[str, Any]:
     """This CPU's measured peaks for `dtype`, cached in <cache>/cpu/<key>.json (measured once per CPU and dtype).
 
-    Measured while the machine is busy, they come out low: delete the file to measure again.
+    Measured while the machine is busy, they come out low: the entry records the other load at the time
+    (`other_load_per_core`), a busy one is warned about whenever it is used, and deleting the file measures again.
     """
     path = cache_dir() / f"{key()}.json"
     try:
@@ -91,9 +111,15 @@ def peaks(dtype: str = "fp32") -> dict[str, Any]:
     except (OSError, json.JSONDecodeError):
         cached = {}
     if dtype not in cached:
-        cached[dtype] = {**measure(dtype), "measured_at": dt.datetime.now().isoformat(timespec="seconds"), "cpu": identity()}
+        load = other_load_per_core()
+        now = dt.datetime.now().isoformat(timespec="seconds")
+        cached[dtype] = {**measure(dtype), "measured_at": now, "cpu": identity(), "other_load_per_core": round(load, 2)}
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
         tmp.write_text(json.dumps(cached, indent=2) + "\n")
         os.replace(tmp, path)
-    return {**cached[dtype], "file": str(path)}
+    entry = cached[dtype]
+    load = entry.get("other_load_per_core")
+    if load is not None and load > BUSY:
+        _warn_busy(str(path), dtype, float(load), str(entry.get("measured_at")))
+    return {**entry, "file": str(path)}
