@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from autocompress.arch.moe_pruning import MAMBA, MoEImportance, MoEShape, hybrid_shapes, prune
+from autocompress.arch.moe_pruning import MAMBA, MoEImportance, MoEShape, hybrid_shapes, prune, run_hooked
 from autocompress.baselines.minitron import LAYERS_DIVISOR, MinitronSpec, limit_levels, modelopt_choices
 from autocompress.config.metrics import METRICS, Constraint
 from autocompress.cost.hybrid import HybridCost, evaluate
@@ -146,12 +146,7 @@ def modelopt_importance(model: Any, tokens: torch.Tensor, batch_size: int = 4) -
             expert_count[i] = torch.zeros(moe.experts.num_experts, dtype=torch.float64)
             expert_ffn[i] = torch.zeros(moe.experts.num_experts, cfg.intermediate_size, dtype=torch.float64)
             hooks.append(moe.experts.register_forward_hook(on_experts(i)))
-    try:
-        for start in range(0, len(tokens), batch_size):
-            model(tokens[start : start + batch_size], use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
+    run_hooked(model, tokens, hooks, batch_size)
     experts = [None if s is None or c is None else s / (c + 1e-8) for s, c in zip(expert_l2, expert_count, strict=True)]
     return MoEImportance(
         experts=experts,
