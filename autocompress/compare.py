@@ -282,6 +282,8 @@ def hybrid_context(job: CompareJob, run: Any, spec: RunSpec, row: dict[str, Any]
 
     if job.compare.minitron.prune_kv_groups:
         raise ConfigError("compare.minitron.prune_kv_groups is an ablation for Llama-family models; drop it for a hybrid-MoE run")
+    if job.compare.measure == "always":
+        raise ConfigError("compare.measure=always: compare measures Llama-family models only; use auto or never for a hybrid-MoE run")
     path = model_path(spec)
     model, tokenizer = load_moe(path)
     hw, _ = hardware_terms(spec.scenario.hardware, spec.cost_model)
@@ -333,7 +335,7 @@ def measure_costs(job: CompareJob, ctx: Context, models: list[Model], out: Path,
     """Measured costs in the serving engine where it runs here (or compare.measure=always), kept in measured.json; a note."""
     hw, wl = ctx.spec.scenario.hardware, ctx.spec.scenario.workload
     local = hw.engine == "vllm-cpu" and importlib.util.find_spec("vllm") is not None
-    if ctx.hybrid:
+    if ctx.hybrid:  # compare.measure=always was refused in hybrid_context
         return "not measured (compare measures Llama-family models in the engine; hybrid-MoE costs are the hybrid roofline's)"
     if job.compare.measure == "never" or (job.compare.measure == "auto" and not local):
         return "not measured" + ("" if job.compare.measure == "never" else f" (the engine for {hw.name} does not run on this machine)")

@@ -112,3 +112,16 @@ def test_the_report_shows_the_hybrid_shapes(moe_run: Path, tmp_path: Path) -> No
     assert all(f" {c} " in header for c in ("experts", "expert_ffn", "shared_ffn", "mamba_layers", "attention_layers"))
     assert (tmp_path / "report" / "pareto_kl.png").is_file()
     assert not (tmp_path / "report" / "architectures.png").exists()  # per-layer block configs: dense runs only
+
+
+def test_compare_refuses_to_measure_a_hybrid_run(moe_run: Path, tmp_path: Path) -> None:
+    from autocompress.baselines.comparison import job_from_dict
+    from autocompress.compare import run_compare
+    from autocompress.config.compose import compose_dict
+    from autocompress.errors import ConfigError
+
+    out = tmp_path / "c"
+    job = job_from_dict(compose_dict("+scenario=b200_longctx", f"compare.run={moe_run}", f"compare.out={out}", "compare.measure=always"))
+    with pytest.raises(ConfigError, match=r"compare\.measure=always: compare measures Llama-family models only"):
+        run_compare(job)
+    assert not any(out.iterdir())  # refused before any stage wrote

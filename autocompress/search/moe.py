@@ -155,8 +155,10 @@ def measured_first(ok: pd.DataFrame, shapes: list[MoEShape], n: int) -> list[Any
         if shapes[k].layers not in seen:
             seen.add(shapes[k].layers)
             first.append(k)
-    rest = [k for k in ok.index if k not in set(first)]
-    return (first + rest)[:n]
+    if len(first) >= n:
+        return first[:n]
+    picked = set(first)
+    return (first + [k for k in ok.index if k not in picked])[:n]
 
 
 def calibration_half(calib: torch.Tensor, seed: int) -> torch.Tensor:
