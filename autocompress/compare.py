@@ -179,11 +179,9 @@ def minitron_stage(job: CompareJob, ctx: Context, out: Path) -> None:
 
 def minitron_moe_stage(job: CompareJob, ctx: Context, out: Path) -> None:
     """Minitron's pick for a hybrid-MoE run (autocompress.baselines.minitron_moe), its checkpoint and candidates.parquet."""
-    import torch
-
     from autocompress.arch.moe_pruning import prune
     from autocompress.baselines import minitron_moe
-    from autocompress.checkpoints.verification import ExportError
+    from autocompress.checkpoints.moe_export import reload_checked
     from autocompress.io import staged
     from autocompress.search.moe import kl_and_perplexity, logits_of
 
@@ -208,10 +206,7 @@ def minitron_moe_stage(job: CompareJob, ctx: Context, out: Path) -> None:
     with staged(out / "pruned", overwrite=True) as tmp:
         pruned.save_pretrained(tmp)
         ctx.tokenizer.save_pretrained(tmp)
-        reloaded = type(pruned).from_pretrained(tmp, dtype=torch.float32).eval()
-        with torch.no_grad():
-            if not torch.equal(reloaded(ids, use_cache=False).logits, pruned(ids, use_cache=False).logits):
-                raise ExportError(f"the checkpoint written to {tmp} does not load back to the pruned model's logits")
+        reload_checked(pruned, tmp, ids)
         (tmp / "README.md").write_text(card + "\n", encoding="utf-8")
     write_parquet(res.scored, out / "candidates.parquet")
     cfg = model.config

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import pandas as pd
 import torch
@@ -180,20 +181,22 @@ def limit_levels(spec: MinitronSpec) -> list[list[tuple[float, float]]]:
     return levels
 
 
+Found = TypeVar("Found", bound=Sized)
+
+
 @dataclass(frozen=True)
-class Admitted:
+class Admitted(Generic[Found]):
     """The feasible candidates (most parameters first) at one pair of limits."""
 
     width: float
     depth: float
-    candidates: list[Candidate]
+    candidates: Found
 
 
-def feasible_candidates(
-    space: SearchSpace, drop_order: list[int], cost_model: CostModel, constraints: tuple[Constraint, ...], spec: MinitronSpec
-) -> tuple[list[Admitted], dict[str, Any]]:
-    """The limit pairs whose candidates the score chooses among, and a record of the limits tried.
+def widen_limits(spec: MinitronSpec, found_at: Callable[[float, float], Found]) -> tuple[list[Admitted[Found]], dict[str, Any]]:
+    """The limit pairs whose candidates the score chooses among (empty: none at any level), and a record of the limits tried.
 
+    `found_at(width, depth)`: the feasible candidates at one pair of limits, most parameters first.
     Within ModelOpt's limits, whatever they admit (ModelOpt's own list, however short). When those admit
     nothing, the limits are widened a level at a time (`limit_levels`: every pair raised the same total
     number of steps) until one pair admits `top_k` candidates; every pair of that level that admits any is
@@ -205,14 +208,13 @@ def feasible_candidates(
     """
     defaults = (spec.max_width_pruning, spec.max_depth_pruning)
     tried: list[dict[str, Any]] = []
-    best_level: list[Admitted] = []
-    priced: dict[tuple[int, ...], tuple[Architecture, dict[str, float]]] = {}
+    best_level: list[Admitted[Found]] = []
     for level in limit_levels(spec):
         admitted = []
         for width, depth in level:
-            found = enumerate_candidates(space, drop_order, cost_model, constraints, spec, width, depth, priced)
+            found = found_at(width, depth)
             tried.append({"max_width_pruning": width, "max_depth_pruning": depth, "feasible": len(found)})
-            if found:
+            if len(found):
                 admitted.append(Admitted(width, depth, found))
         if not admitted:
             continue
@@ -222,14 +224,27 @@ def feasible_candidates(
             break
         if most > max((len(a.candidates) for a in best_level), default=0):
             best_level = admitted
+    return best_level, {"widened": [(a.width, a.depth) for a in best_level] != [defaults], "tried": tried}
+
+
+def feasible_candidates(
+    space: SearchSpace, drop_order: list[int], cost_model: CostModel, constraints: tuple[Constraint, ...], spec: MinitronSpec
+) -> tuple[list[Admitted[list[Candidate]]], dict[str, Any]]:
+    """`widen_limits` over the homogeneous candidates of the search space (each shape priced once across the levels)."""
+    priced: dict[tuple[int, ...], tuple[Architecture, dict[str, float]]] = {}
+
+    def found_at(width: float, depth: float) -> list[Candidate]:
+        return enumerate_candidates(space, drop_order, cost_model, constraints, spec, width, depth, priced)
+
+    best_level, record = widen_limits(spec, found_at)
     if best_level:
-        return best_level, {"widened": [(a.width, a.depth) for a in best_level] != [defaults], "tried": tried}
+        return best_level, record
     bounds = ", ".join(c.describe() for c in constraints)
     hint = "" if spec.widen else "; set compare.minitron.widen=true or raise max_width_pruning / max_depth_pruning"
     raise InfeasibleError(f"no homogeneous Minitron candidate in the search space meets {bounds}{hint}")
 
 
-def to_score(admitted: list[Admitted], top_k: int) -> list[tuple[Candidate, list[str]]]:
+def to_score(admitted: list[Admitted[list[Candidate]]], top_k: int) -> list[tuple[Candidate, list[str]]]:
     """The union of each pair's top-k (each candidate once, most parameters first) with the pairs ("width/depth") whose top-k holds it."""
     where: dict[str, tuple[Candidate, list[str]]] = {}
     for a in admitted:

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from autocompress.arch.moe_pruning import MAMBA, MoEImportance, MoEShape, hybrid_shapes, prune, run_hooked
-from autocompress.baselines.minitron import LAYERS_DIVISOR, MinitronSpec, limit_levels, modelopt_choices
+from autocompress.baselines.minitron import LAYERS_DIVISOR, MinitronSpec, modelopt_choices, widen_limits
 from autocompress.config.metrics import METRICS, Constraint
 from autocompress.cost.hybrid import HybridCost, evaluate
 from autocompress.errors import InfeasibleError
@@ -207,46 +207,32 @@ def search(
     types = list(cfg.layer_types)
     imp = modelopt_importance(model, calib[: spec.importance_sequences])
     axes = grid(cfg)
-    defaults = (spec.max_width_pruning, spec.max_depth_pruning)
-    tried: list[dict[str, Any]] = []
-    admitted: list[tuple[float, float, pd.DataFrame]] = []
-    fallback: list[tuple[float, float, pd.DataFrame]] = []
-    for level in limit_levels(spec):
-        admitted = []
-        for width, depth in level:
-            g = modelopt_grid(cfg, axes, width, depth)
-            shapes = [
-                MoEShape(experts=e, expert_ffn=f, shared_ffn=s, layers=kept_layers(imp.layers, n_keep))
-                for n_keep in g["layers"]
-                for e in g["experts"]
-                for f in g["expert_ffn"]
-                for s in g["shared_ffn"]
-            ]
-            table = price(cost, types, shapes, constraints) if shapes else pd.DataFrame()
-            ok = table[table["feasible"]] if shapes else table
-            tried.append({"max_width_pruning": width, "max_depth_pruning": depth, "feasible": len(ok)})
-            if len(ok):
-                ok = ok.assign(shape=[shapes[k] for k in ok.index])
-                ok = ok.sort_values(
-                    ["params", "n_routed_experts", "moe_intermediate_size", "moe_shared_expert_intermediate_size"],
-                    ascending=False,
-                    kind="stable",
-                )
-                admitted.append((width, depth, ok))
-        most = max((len(a[2]) for a in admitted), default=0)
-        if admitted and (level == [defaults] or most >= spec.top_k):
-            break
-        if most > max((len(a[2]) for a in fallback), default=0):
-            fallback = admitted
-        admitted = []
-    admitted = admitted or fallback
+
+    def found_at(width: float, depth: float) -> pd.DataFrame:
+        g = modelopt_grid(cfg, axes, width, depth)
+        shapes = [
+            MoEShape(experts=e, expert_ffn=f, shared_ffn=s, layers=kept_layers(imp.layers, n_keep))
+            for n_keep in g["layers"]
+            for e in g["experts"]
+            for f in g["expert_ffn"]
+            for s in g["shared_ffn"]
+        ]
+        if not shapes:
+            return pd.DataFrame()
+        table = price(cost, types, shapes, constraints)
+        ok = table[table["feasible"]]
+        ok = ok.assign(shape=[shapes[k] for k in ok.index])
+        sort = ["params", "n_routed_experts", "moe_intermediate_size", "moe_shared_expert_intermediate_size"]
+        return ok.sort_values(sort, ascending=False, kind="stable")
+
+    admitted, record = widen_limits(spec, found_at)
     if not admitted:
         bounds = ", ".join(c.describe() for c in constraints)
         raise InfeasibleError(f"no Minitron candidate of this hybrid model meets {bounds} at any pruning limit")
     where: dict[MoEShape, tuple[pd.Series, list[str]]] = {}
-    for width, depth, ok in admitted:
-        for _, row in ok.head(spec.top_k).iterrows():
-            where.setdefault(row["shape"], (row, []))[1].append(f"{width:g}/{depth:g}")
+    for a in admitted:
+        for _, row in a.candidates.head(spec.top_k).iterrows():
+            where.setdefault(row["shape"], (row, []))[1].append(f"{a.width:g}/{a.depth:g}")
     teacher = logits_of(model, select)
     rows = []
     for shape, (row, pairs) in tqdm(where.items(), desc="minitron candidates", disable=not progress):
@@ -272,10 +258,9 @@ def search(
     scored["chosen"] = scored.index == best
     pick = scored.loc[best]
     width, depth = (float(x) for x in pick["limits"][0].split("/"))
-    widened = [(w, d) for w, d, _ in admitted] != [defaults]
-    limits = {"max_width_pruning": width, "max_depth_pruning": depth, "widened": widened, "tried": tried}
+    limits = {"max_width_pruning": width, "max_depth_pruning": depth, **record}
     shape = MoEShape(
         experts=int(pick["experts"]), expert_ffn=int(pick["expert_ffn"]), shared_ffn=int(pick["shared_ffn"]), layers=tuple(pick["layers"])
     )
-    feasible = len({row["shape"] for _, _, ok in admitted for _, row in ok.iterrows()})
+    feasible = len({cand for a in admitted for cand in a.candidates["shape"]})
     return MoEMinitronResult(shape, imp, scored, feasible, limits)

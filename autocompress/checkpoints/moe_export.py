@@ -45,13 +45,8 @@ def export_moe(row: dict[str, Any], spec: RunSpec, out: Path, overwrite: bool, v
                     f"the export's selection KL {kl:.6f} is not the trial's {float(row['kl_select']):.6f}: the importance ranking "
                     "came out different (another model checkpoint or calibration text than the run's?)"
                 )
-            reloaded = type(pruned).from_pretrained(tmp, dtype=torch.float32).eval()
             ids = data.report[:2, :16]
-            with torch.no_grad():
-                same = torch.equal(reloaded(ids, use_cache=False).logits, pruned(ids, use_cache=False).logits)
-                greedy = greedy_uncached(reloaded, ids, 8)
-            if not same:
-                raise ExportError(f"the checkpoint written to {tmp} does not load back to the pruned model's logits")
+            greedy = greedy_uncached(reload_checked(pruned, tmp, ids), ids, 8)
             report["greedy"] = greedy.tolist()
             if vllm:
                 served = vllm_greedy(tmp, ids.tolist(), 8)
@@ -61,6 +56,15 @@ def export_moe(row: dict[str, Any], spec: RunSpec, out: Path, overwrite: bool, v
         record = {"trial": {k: _plain(v) for k, v in row.items()}, "checks": {k: _plain(v) for k, v in report.items()}}
         (tmp / "autocompress.json").write_text(json.dumps(record, indent=1) + "\n")
     return report
+
+
+@torch.no_grad()
+def reload_checked(pruned: Any, folder: Path, ids: torch.Tensor) -> Any:
+    """The checkpoint `pruned` was saved to in `folder`, loaded back; ExportError unless its logits on `ids` equal `pruned`'s."""
+    reloaded = type(pruned).from_pretrained(folder, dtype=torch.float32).eval()
+    if not torch.equal(reloaded(ids, use_cache=False).logits, pruned(ids, use_cache=False).logits):
+        raise ExportError(f"the checkpoint written to {folder} does not load back to the pruned model's logits")
+    return reloaded
 
 
 @torch.no_grad()
