@@ -29,6 +29,17 @@ def run_hooked(model: Any, tokens: torch.Tensor, handles: list[Any], batch_size:
             handle.remove()
 
 
+def block_influence_hook(blocks: torch.Tensor, idx: int) -> Any:
+    """A forward hook (with kwargs) adding 1 - mean cosine(block input, block output) per pass into `blocks[idx]` (ModelOpt)."""
+
+    def hook(module: Any, args: Any, kwargs: Any, out: Any) -> None:
+        x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        y = out[0] if isinstance(out, tuple) else out
+        blocks[idx] += float(1 - F.cosine_similarity(x.float(), y.float(), dim=-1).mean())
+
+    return hook
+
+
 def sequence_l2_part(x: torch.Tensor) -> torch.Tensor:
     """[b, s, c] -> [c]: sum over sequences of (mean over tokens of |x|)^2; its square root is ModelOpt's L2 aggregate."""
     return x.float().abs().mean(dim=1).pow(2).sum(dim=0).double()
@@ -175,21 +186,13 @@ def importance(model: Any, tokens: torch.Tensor, batch_size: int = 4, progress: 
 
         return hook
 
-    def on_block(idx: int) -> Any:
-        def hook(module: Any, args: Any, kwargs: Any, out: Any) -> None:
-            x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-            y = out[0] if isinstance(out, tuple) else out
-            blocks[idx] += float(1 - F.cosine_similarity(x.float(), y.float(), dim=-1).mean())
-
-        return hook
-
     handles = []
     for idx, layer in enumerate(layers):
         handles.append(layer.input_layernorm.register_forward_hook(on_norm(2 * idx)))
         handles.append(layer.post_attention_layernorm.register_forward_hook(on_norm(2 * idx + 1)))
         handles.append(layer.mlp.down_proj.register_forward_pre_hook(on_input(ffn_sq, idx)))
         handles.append(layer.self_attn.o_proj.register_forward_pre_hook(on_input(o_sq, idx)))
-        handles.append(layer.register_forward_hook(on_block(idx), with_kwargs=True))
+        handles.append(layer.register_forward_hook(block_influence_hook(blocks, idx), with_kwargs=True))
     run_hooked(model, tokens, handles, batch_size, "minitron importance", progress)
     heads = head_order(o_sq, model.config.num_attention_heads, model.config.num_key_value_heads)
     return Importance(hidden=norm_sq.sqrt().sum(0), ffn=ffn_sq.sqrt(), blocks=blocks, heads=heads)

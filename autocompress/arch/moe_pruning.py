@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from autocompress.arch.hybrid import HybridModel
+from autocompress.arch.importance import run_hooked
 from autocompress.errors import ConfigError
 
 MAMBA = ("mamba", "linear_attention")  # transformers' names for a Mamba-2 layer
@@ -89,17 +90,6 @@ def _rms_inputs(module: torch.nn.Module, store: list[torch.Tensor]) -> Any:
 
 
 @torch.no_grad()
-def run_hooked(model: Any, tokens: torch.Tensor, hooks: list[Any], batch_size: int) -> None:
-    """Run `model` over `tokens` in batches (no cache), then remove `hooks` (also when the forward fails)."""
-    try:
-        for start in range(0, len(tokens), batch_size):
-            model(tokens[start : start + batch_size], use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
-
-
-@torch.no_grad()
 def moe_importance(model: Any, tokens: torch.Tensor, batch_size: int = 4) -> MoEImportance:
     """Rank experts, expert and shared channels and layers on `tokens` [n, seq_len]."""
     cfg = model.config
@@ -148,7 +138,7 @@ def moe_importance(model: Any, tokens: torch.Tensor, batch_size: int = 4) -> MoE
             influence[i] += (1 - torch.nn.functional.cosine_similarity(a, b, dim=-1)).sum()
 
         hooks.append(layer.register_forward_hook(block, with_kwargs=True))
-    run_hooked(model, tokens, hooks, batch_size)
+    run_hooked(model, tokens, hooks, batch_size, "importance", progress=False)
     return MoEImportance(
         experts=experts,
         expert_ffn=[None if e is None else e.sqrt() for e in expert_ffn],

@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from autocompress.arch.moe_pruning import MAMBA, MoEImportance, MoEShape, hybrid_shapes, prune, run_hooked
+from autocompress.arch.importance import block_influence_hook, run_hooked, sequence_l2_part
+from autocompress.arch.moe_pruning import MAMBA, MoEImportance, MoEShape, hybrid_shapes, prune
 from autocompress.baselines.minitron import LAYERS_DIVISOR, MinitronSpec, modelopt_choices, widen_limits
 from autocompress.config.metrics import METRICS, Constraint
 from autocompress.cost.hybrid import HybridCost, evaluate
@@ -108,7 +109,7 @@ def modelopt_importance(model: Any, tokens: torch.Tensor, batch_size: int = 4) -
 
     def on_shared(i: int) -> Any:
         def hook(_: Any, args: Any) -> None:  # [b, s, ffn]: per sequence the mean |x| over tokens, squared, summed
-            shared[i] += args[0].detach().double().abs().mean(1).pow(2).sum(0)
+            shared[i] += sequence_l2_part(args[0].detach())
 
         return hook
 
@@ -129,24 +130,16 @@ def modelopt_importance(model: Any, tokens: torch.Tensor, batch_size: int = 4) -
 
         return hook
 
-    def on_block(i: int) -> Any:
-        def hook(_: Any, args: Any, kwargs: Any, out: Any) -> None:
-            x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-            y = out[0] if isinstance(out, tuple) else out
-            blocks[i] += float(1 - F.cosine_similarity(x.float(), y.float(), dim=-1).mean())
-
-        return hook
-
     for i, layer in enumerate(layers):
         hooks.append(layer.shared_mlp.output_linear.register_forward_pre_hook(on_shared(i)))
-        hooks.append(layer.register_forward_hook(on_block(i), with_kwargs=True))
+        hooks.append(layer.register_forward_hook(block_influence_hook(blocks, i), with_kwargs=True))
         moe = layer.block_sparse_moe
         if moe is not None:
             expert_l2[i] = torch.zeros(moe.experts.num_experts, dtype=torch.float64)
             expert_count[i] = torch.zeros(moe.experts.num_experts, dtype=torch.float64)
             expert_ffn[i] = torch.zeros(moe.experts.num_experts, cfg.intermediate_size, dtype=torch.float64)
             hooks.append(moe.experts.register_forward_hook(on_experts(i)))
-    run_hooked(model, tokens, hooks, batch_size)
+    run_hooked(model, tokens, hooks, batch_size, "minitron importance", progress=False)
     experts = [None if s is None or c is None else s / (c + 1e-8) for s, c in zip(expert_l2, expert_count, strict=True)]
     return MoEImportance(
         experts=experts,
