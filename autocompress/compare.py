@@ -6,8 +6,10 @@ the same distillation budget from the same teacher on the same calibration text 
 architecture is the sweep's feasible trial with the lowest selection-split KL (or `compare.trial`);
 the sweep runs first unless `compare.run` names a finished one. Minitron's is the best by
 selection-split KL of its top-k homogeneous candidates that meet the same absolute constraints under
-the same cost model (autocompress.baselines.minitron, as ModelOpt's mcore_minitron). KL before distillation is
-reported on the report split. The table reports the constraint, predicted (and, where the engine
+the same cost model (autocompress.baselines.minitron, as ModelOpt's mcore_minitron). With
+`compare.probe.candidates=N` both picks are made instead among each method's N best by selection-split
+KL after a short distillation of each (autocompress.quality.probe; the Minitron paper's step, off by
+default). KL before distillation is reported on the report split. The table reports the constraint, predicted (and, where the engine
 runs here, measured) costs, parameters, each benchmark and the average (means over seeds),
 perplexities, and AutoCompress minus Minitron with a 95% interval from a bootstrap over items and
 distillation seeds.
@@ -21,6 +23,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,6 +91,50 @@ def pick_trial(trials: pd.DataFrame, trial: str | None, run_dir: Path) -> dict[s
     return dict(ok.loc[ok[quality].idxmin()])
 
 
+def top_trials(trials: pd.DataFrame, n: int) -> pd.DataFrame:
+    """The feasible finished trials with the `n` lowest selection-split KLs, one per architecture (compare.probe's candidates)."""
+    ok = trials[(trials["status"] == "ok") & trials["feasible"]]
+    quality = "kl_select" if "kl_select" in ok and ok["kl_select"].notna().any() else "kl"
+    return ok.sort_values([quality, "trial_id"]).drop_duplicates("architecture").head(n)
+
+
+def _probe_inputs(job: CompareJob, ctx: Context) -> dict[str, Any]:
+    """What a probe's outcome depends on besides its candidates (its stage key)."""
+    spec = ctx.spec
+    dspec = job.compare.probe.distill_spec(job.distill)
+    return {"probe": dataclasses.asdict(job.compare.probe), "distill": dataclasses.asdict(dspec), "data": dataclasses.asdict(spec.data)}
+
+
+def _run_probe(job: CompareJob, ctx: Context, writers: dict[str, Callable[[Path], object]], work: Path) -> list[dict[str, Any]]:
+    from autocompress.quality.probe import probe
+
+    forbid = (*evaluation_paths(), *evaluation_paths(job.evaluate.data_dir, job.evaluate.corpus))
+    dspec = job.compare.probe.distill_spec(job.distill)
+    try:
+        return probe(writers, work, ctx.model, ctx.tokenizer, ctx.spec.data, dspec, ctx.data.select, forbid)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # whatever a failed candidate left
+
+
+def autocompress_probe_stage(job: CompareJob, ctx: Context, candidates: pd.DataFrame, out: Path) -> None:
+    """compare.probe for AutoCompress: its top trials exported, each distilled briefly and scored; probe.json."""
+    from autocompress.checkpoints.pipeline import ExportRequest, export
+    from autocompress.quality.probe import chosen
+
+    trials = ctx.run.path / RUN_TRIALS
+
+    def writer(trial: str) -> Callable[[Path], object]:
+        return lambda folder: export(ExportRequest(trials, folder, trial=trial, overwrite=True))
+
+    rows = _run_probe(job, ctx, {t: writer(t) for t in candidates["trial_id"]}, out.parent / ".probe")
+    before = candidates.set_index("trial_id")
+    quality = "kl_select" if "kl_select" in before and before["kl_select"].notna().any() else "kl"
+    for r in rows:
+        r["kl_select"] = float(before.loc[r["candidate"], quality])
+        r["params"] = int(before.loc[r["candidate"], "params"])
+    write_json({"chosen": chosen(rows), "candidates": rows, **_probe_inputs(job, ctx)}, out)
+
+
 def _hash(data: Any) -> str:
     return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
@@ -141,6 +188,23 @@ def minitron_stage(job: CompareJob, ctx: Context, out: Path) -> None:
     teacher = teacher_hidden(model, select, desc="teacher (selection)")
     res = minitron.search(model, space, ctx.cost_model, ctx.constraints, ctx.data.calib, select, teacher, mspec)
     best = res.best
+    if job.compare.probe.on:  # its top candidates by selection KL, distilled briefly, scored again (as AutoCompress's)
+        from autocompress.quality.probe import chosen
+
+        top = res.scored.nsmallest(job.compare.probe.candidates, "kl", keep="first")
+        report4 = ctx.data.report[:4]
+
+        def writer(i: int) -> Callable[[Path], object]:
+            arch = res.candidates[i].arch
+            return lambda folder: minitron.write_checkpoint(model, ctx.tokenizer, space, res.ranking, arch, folder, report4, "probe")
+
+        rows = _run_probe(job, ctx, {str(i): writer(int(i)) for i in top.index}, out / ".probe")
+        res.scored["kl_select_probe"] = float("nan")
+        for r in rows:
+            res.scored.loc[int(r["candidate"]), "kl_select_probe"] = r["kl_select_probe"]
+        pick = int(chosen(rows))
+        res.scored["chosen"] = res.scored.index == pick
+        best = res.candidates[pick]
     masked = MaskedModel(model, space, res.ranking)
     report = ctx.data.report
     kl_report, ppl_report = evaluate(model, masked, best.arch, report, teacher_hidden(model, report, desc="teacher (report)"))
@@ -150,11 +214,13 @@ def minitron_stage(job: CompareJob, ctx: Context, out: Path) -> None:
     limits = f"the pick's max_width_pruning {lim['max_width_pruning']} / max_depth_pruning {lim['max_depth_pruning']}" + (
         f", widened beyond ModelOpt's defaults; pairs scored: {', '.join(scored_pairs)}" if lim["widened"] else ""
     )
+    probe = job.compare.probe
+    probed = f" (the best {probe.candidates} again after {probe.tokens:,} distillation tokens each)" if probe.on else ""
     card = (
         f"# {spec.model.name}, pruned by the {mspec.label} baseline for `{spec.scenario.name}`\n\n"
         f"Homogeneous: hidden {best.hidden}, {best.heads} query heads, {best.kv_heads} KV heads, FFN {best.ffn}, "
         f"dropped blocks {list(best.dropped) or 'none'}; {best.params:,} parameters; best selection-split KL of the top "
-        f"{mspec.top_k} per limit pair, {len(res.scored)} scored of {res.feasible} feasible homogeneous candidates "
+        f"{mspec.top_k} per limit pair{probed}, {len(res.scored)} scored of {res.feasible} feasible homogeneous candidates "
         f"(limits: {limits}; cost model `{ctx.cost_model.id}`)."
     )
     out.mkdir(parents=True, exist_ok=True)
@@ -279,6 +345,8 @@ def hybrid_context(job: CompareJob, run: Any, spec: RunSpec, row: dict[str, Any]
         raise ConfigError("compare.minitron.prune_kv_groups is an ablation for Llama-family models; drop it for a hybrid-MoE run")
     if job.compare.measure == "always":
         raise ConfigError("compare.measure=always: compare measures Llama-family models only; use auto or never for a hybrid-MoE run")
+    if job.compare.probe.on:
+        raise ConfigError("compare.probe.candidates: the probe picks among Llama-family candidates only; set it to 0 for a hybrid-MoE run")
     path = model_path(spec)
     model, tokenizer = load_moe(path)
     hw, _ = hardware_terms(spec.scenario.hardware, spec.cost_model)
@@ -372,6 +440,13 @@ def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Mo
     from autocompress.arch.space import Architecture
     from autocompress.checkpoints.pipeline import ExportRequest, export
 
+    if job.compare.probe.on and job.compare.trial is None:
+        candidates = top_trials(ctx.run.trials, job.compare.probe.candidates)
+        path = out / "autocompress" / "probe.json"
+        key = {**_probe_inputs(job, ctx), "trials": candidates[["trial_id", "architecture"]].values.tolist()}
+        stages.run("autocompress/probe", key, path, partial(autocompress_probe_stage, job, ctx, candidates, path))
+        pick = json.loads(path.read_text())["chosen"]
+        ctx.row = dict(candidates.set_index("trial_id", drop=False).loc[pick])
     row, run_dir, cost_model = ctx.row, ctx.run.path, ctx.cost_model
     request = ExportRequest(run_dir / RUN_TRIALS, out / "autocompress" / "pruned", trial=row["trial_id"], overwrite=True)
     key = {"trial": row["trial_id"], "architecture": row["architecture"]}
@@ -382,6 +457,7 @@ def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Mo
         "cost_model": cost_model.id,
         "data": dataclasses.asdict(ctx.spec.data),
         "constraints": [dataclasses.asdict(c) for c in ctx.constraints],
+        **({"probe": _probe_inputs(job, ctx)} if job.compare.probe.on else {}),  # without it, keys made before the probe still match
     }
     stage = minitron_moe_stage if ctx.hybrid else minitron_stage
     stages.run("minitron/pruned", mkey, out / "minitron" / "pruned", partial(stage, job, ctx, out / "minitron"))
@@ -483,12 +559,29 @@ def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model],
             "measure": note,
             "distill": dataclasses.asdict(job.distill),
             "evaluate": dataclasses.asdict(job.evaluate),
+            "probe": _probe_summary(job, out),
         },
         out / "compare.json",
     )
     print(text)
     print("seconds per stage: " + ", ".join(f"{k} {v if isinstance(v, str) else f'{v:.0f}'}" for k, v in timings.items()))
     print(f"\ntable: {out / 'compare.md'} (data: {out / 'compare.parquet'}, {out / 'diff.parquet'})")
+
+
+def _probe_summary(job: CompareJob, out: Path) -> dict[str, Any] | None:
+    """compare.probe's settings and every probed candidate of both methods (None when the probe was off)."""
+    probe = job.compare.probe
+    if not probe.on:
+        return None
+    ac = json.loads((out / "autocompress" / "probe.json").read_text()) if job.compare.trial is None else None
+    mt = pd.read_parquet(out / "minitron" / "candidates.parquet")
+    mt = mt[mt["kl_select_probe"].notna()]
+    columns = ["params", "kl", "kl_select_probe", "chosen", "architecture"]
+    return {
+        **dataclasses.asdict(probe),
+        "autocompress": ac["candidates"] if ac else "compare.trial was given: not probed",
+        "minitron": [{**r, "kl_select": r.pop("kl")} for r in mt[columns].to_dict("records")],
+    }
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")

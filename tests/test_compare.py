@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from autocompress.baselines.comparison import job_from_dict, paired_bootstrap
-from autocompress.compare import pick_trial, run_compare
+from autocompress.compare import pick_trial, run_compare, top_trials
 from autocompress.config.build import run_spec_from_dict
 from autocompress.config.schema import LagrangianSettings
 from autocompress.errors import ConfigError
@@ -80,6 +80,28 @@ def test_pick_trial(tmp_path: Path) -> None:
         pick_trial(trials, "c", tmp_path)
     with pytest.raises(ConfigError, match="no feasible trial"):
         pick_trial(trials[~trials["feasible"]], None, tmp_path)
+
+
+def test_top_trials_one_per_architecture() -> None:
+    trials = pd.DataFrame(
+        {
+            "trial_id": ["a", "b", "c", "d", "e"],
+            "status": ["ok", "ok", "ok", "ok", "error"],
+            "feasible": [True, True, True, False, False],
+            "architecture": ["x", "x", "y", "z", "w"],
+            "kl_select": [0.3, 0.2, 0.4, 0.0, 0.0],
+        }
+    )
+    assert list(top_trials(trials, 3)["trial_id"]) == ["b", "c"]  # a repeats b's shape; d misses a constraint; e failed
+    assert list(top_trials(trials, 1)["trial_id"]) == ["b"]
+
+
+def test_probe_settings_are_checked() -> None:
+    job = job_from_dict(compose_dict("+scenario=rtx5070_coding"))
+    assert not job.compare.probe.on  # off by default: picks are by selection-split KL before distillation
+    for bad in ("compare.probe.candidates=1", "compare.probe.candidates=-2", "compare.probe.tokens=0"):
+        with pytest.raises(ConfigError, match=r"compare\.probe\."):
+            job_from_dict(compose_dict("+scenario=rtx5070_coding", bad))
 
 
 def test_shipped_config_composes() -> None:
@@ -173,7 +195,28 @@ def test_compare_runs_every_stage_and_reuses_them(
     run_compare(job)  # a rerun with the same settings reuses every stage
     seconds = json.loads((out / "compare.json").read_text())["seconds"]
     assert all(seconds[s] == "reused" for s in seconds if "/" in s), seconds
-    other = job_from_dict(compose_dict(*overrides, *small, f"compare.out={tmp_path / 'other'}"))
+    probe = ["compare.probe.candidates=3", "compare.probe.tokens=256"]  # pick after a short distillation, both alike
+    other = job_from_dict(compose_dict(*overrides, *small, *probe, f"compare.out={tmp_path / 'other'}"))
     run_compare(other)  # another run (another scenario's, say) reuses the unpruned model's scores
     seconds = json.loads((tmp_path / "other" / "compare.json").read_text())["seconds"]
     assert seconds["base/eval"] == "reused" and seconds["autocompress/eval-seed0"] != "reused", seconds
+    check_probe(tmp_path / "other", pd.read_parquet(run / "trials.parquet"))
+
+
+def check_probe(out: Path, trials: pd.DataFrame) -> None:
+    """compare.probe: each method's top 3 by selection KL distilled briefly; the lowest selection-split KL after it kept."""
+    summary = json.loads((out / "compare.json").read_text())
+    probe = summary["probe"]
+    assert probe["candidates"] == 3 and probe["tokens"] == 256
+    ac = probe["autocompress"]
+    assert [r["candidate"] for r in ac] == list(top_trials(trials, 3)["trial_id"])  # in order of KL before distillation
+    assert all(r["probe_tokens"] == 256 and r["kl_select_probe"] > 0 for r in ac)
+    assert summary["autocompress"]["trial"] == min(ac, key=lambda r: r["kl_select_probe"])["candidate"]
+    candidates = pd.read_parquet(out / "minitron" / "candidates.parquet")
+    probed = candidates[candidates["kl_select_probe"].notna()]
+    assert len(probed) == 3 and set(probed.index) == set(candidates.nsmallest(3, "kl").index)  # its top 3 by KL before
+    assert candidates.loc[candidates["chosen"], "kl_select_probe"].item() == probed["kl_select_probe"].min()
+    assert [r["params"] for r in probe["minitron"]] == list(probed["params"])
+    picked = probed.loc[probed["chosen"], "architecture"].item()
+    assert json.loads((out / "minitron" / "minitron.json").read_text())["architecture"] == picked
+    assert not list(out.rglob(".probe"))  # the probe's checkpoints are removed once measured

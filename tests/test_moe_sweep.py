@@ -114,7 +114,7 @@ def test_the_report_shows_the_hybrid_shapes(moe_run: Path, tmp_path: Path) -> No
     assert not (tmp_path / "report" / "architectures.png").exists()  # per-layer block configs: dense runs only
 
 
-def test_compare_refuses_to_measure_a_hybrid_run(moe_run: Path, tmp_path: Path) -> None:
+def test_compare_refuses_llama_only_settings_on_a_hybrid_run(moe_run: Path, tmp_path: Path) -> None:
     from autocompress.baselines.comparison import job_from_dict
     from autocompress.compare import run_compare
     from autocompress.config.compose import compose_dict
@@ -123,5 +123,9 @@ def test_compare_refuses_to_measure_a_hybrid_run(moe_run: Path, tmp_path: Path) 
     out = tmp_path / "c"
     job = job_from_dict(compose_dict("+scenario=b200_longctx", f"compare.run={moe_run}", f"compare.out={out}", "compare.measure=always"))
     with pytest.raises(ConfigError, match=r"compare\.measure=always: compare measures Llama-family models only"):
+        run_compare(job)
+    probe = "compare.probe.candidates=2"
+    job = job_from_dict(compose_dict("+scenario=b200_longctx", f"compare.run={moe_run}", f"compare.out={out}", probe))
+    with pytest.raises(ConfigError, match=r"compare\.probe\.candidates: the probe picks among Llama-family candidates only"):
         run_compare(job)
     assert not any(out.iterdir())  # refused before any stage wrote

@@ -15,6 +15,7 @@ from autocompress.config.schema import RunSpec
 from autocompress.errors import ConfigError
 from autocompress.quality.distillation import DistillSpec
 from autocompress.quality.evaluation import EvalResult, EvalSpec
+from autocompress.quality.probe import ProbeSpec
 from autocompress.quality.tasks import TASKS
 
 COSTS = tuple(METRICS)  # every constrained cost, in the one metric table's order
@@ -32,6 +33,7 @@ class CompareSpec:
     seed: int = 0
     seeds: tuple[int, ...] = (0, 1)  # distillation seeds per model: the interval covers seed variation
     minitron: MinitronSpec = field(default_factory=MinitronSpec)
+    probe: ProbeSpec = field(default_factory=ProbeSpec)  # pick each method's final candidate after a short distillation
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sized
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -261,6 +261,7 @@ class MinitronResult:
     scored: pd.DataFrame  # the top-k: hidden, heads, kv_heads, ffn, dropped, params, costs, kl, perplexity, chosen
     feasible: int  # homogeneous candidates that meet the constraints at the limits scored (each counted once)
     limits: dict[str, Any]  # max_width_pruning, max_depth_pruning of the pick, widened, tried: every pair tried and what it admitted
+    candidates: list[Candidate] = field(default_factory=list)  # the scored candidates, in the rows of `scored`
 
 
 def search(
@@ -311,7 +312,7 @@ def search(
     width, depth = (float(x) for x in rows[best_row]["limits"][0].split("/"))
     limits = {"max_width_pruning": width, "max_depth_pruning": depth, **record}
     feasible = len({c.arch.to_json() for a in admitted for c in a.candidates})
-    return MinitronResult(scored_cands[best_row][0], ranking, imp, scored, feasible, limits)
+    return MinitronResult(scored_cands[best_row][0], ranking, imp, scored, feasible, limits, [c for c, _ in scored_cands])
 
 
 # --------------------------------------------------------------------------- checkpoint
