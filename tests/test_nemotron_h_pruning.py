@@ -1,4 +1,4 @@
-"""Nemotron-H pruned with its weights: hidden size, Mamba-2 heads, query heads, MLP width and depth, checked against the
+"""Nemotron-H pruned with its weights: hidden size, Mamba-2 heads and head width, query heads, MLP width and depth, checked against the
 same cuts emulated on the unmodified model, the planner's parameter count, and importance that follows the weights."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def ids(n: int = 4, s: int = 24, seed: int = 1) -> torch.Tensor:
 
 
 PRUNED = {
-    "hidden_size": 48, "mamba_num_heads": 4, "num_attention_heads": 2, "intermediate_size": 64,
+    "hidden_size": 48, "mamba_num_heads": 4, "mamba_head_dim": 12, "num_attention_heads": 2, "intermediate_size": 64,
     "mamba_layers": 2, "attention_layers": 2, "mlp_layers": 1,
 }  # fmt: skip
 
@@ -69,6 +69,7 @@ def test_a_sliced_model_equals_its_cuts_on_the_unmodified_model() -> None:
     shape = shape_of(model, **PRUNED)
     kept = kept_units(hybrid_of(model), imp, shape)
     assert len(kept.layers) == 5 and all(len(h) == 4 for h in kept.mamba_heads.values())
+    assert all(len(d) == 12 for d in kept.mamba_dims.values())
     for heads in kept.mamba_heads.values():  # two heads in each of the two groups (heads 0-3 and 4-7)
         assert int((heads < 4).sum()) == 2
     pruned = slice_model(model, shape, imp)
@@ -86,12 +87,14 @@ def test_importance_follows_the_weights() -> None:
     mixer = model.model.layers[0].mixer
     with torch.no_grad():
         mixer.norm.weight[16:32] *= 1e-3  # head 1 of group 0 writes almost nothing into out_proj
+        mixer.norm.weight.view(8, 16)[:, 7] *= 1e-3  # nor does channel 7 of any head
         model.model.layers[2].mixer.up_proj.weight[5] *= 1e-3  # MLP neuron 5 barely fires
     imp = importance(model, ids(), progress=False)
     assert int(imp.mamba_heads[0][3]) == 1  # last of group 0 (positions 0-3 hold group 0's heads, best first)
-    assert int(imp.mlp[2].argmin()) == 5
-    kept = kept_units(hybrid_of(model), imp, shape_of(model, mamba_num_heads=6))
+    assert int(imp.mlp[2].argmin()) == 5 and int(imp.mamba_dims[0].argmin()) == 7
+    kept = kept_units(hybrid_of(model), imp, shape_of(model, mamba_num_heads=6, mamba_head_dim=15))
     assert 1 not in kept.mamba_heads[0].tolist() and len(kept.mamba_heads[0]) == 6
+    assert 7 not in kept.mamba_dims[0].tolist() and len(kept.mamba_dims[0]) == 15
 
 
 def test_shapes_it_cannot_cut_are_refused() -> None:
@@ -100,8 +103,8 @@ def test_shapes_it_cannot_cut_are_refused() -> None:
     desc = hybrid_of(model)
     with pytest.raises(ConfigError, match="multiples of the 2 Mamba groups"):
         kept_units(desc, imp, shape_of(model, mamba_num_heads=5))
-    with pytest.raises(ConfigError, match="keeps mamba_head_dim"):
-        kept_units(desc, imp, shape_of(model, mamba_head_dim=8))
+    with pytest.raises(ConfigError, match=r"mamba_head_dim=20 is outside 1\.\.16"):
+        kept_units(desc, imp, shape_of(model, mamba_head_dim=20))
     with pytest.raises(ConfigError, match=r"hidden_size=80 is outside 1\.\.64"):
         kept_units(desc, imp, shape_of(model, hidden_size=80))
 

@@ -1,4 +1,4 @@
-"""Pruning a Nemotron-H model with its weights: hidden size, Mamba-2 heads, query heads, MLP width, depth.
+"""Pruning a Nemotron-H model with its weights: hidden size, Mamba-2 heads and head width, query heads, MLP width, depth.
 
 The shapes are the planner's (autocompress.arch.hybrid: one width per axis for the whole stack, as
 Nemotron-H's configuration holds one value per axis, and a number of blocks of each kind); which
@@ -8,6 +8,8 @@ text, measured as ModelOpt's `mcore_minitron` does for hybrid models:
 - hidden channels: every RMSNorm output (each block's pre-norm and the final norm);
 - Mamba-2 heads: each head's slice of the input of `out_proj` (after the gated norm), ranked within
   its group (heads of a group share B and C), so a shape keeps the same number of heads in every group;
+  Mamba head channels (`mamba_head_dim`): the same input, each channel position's L2 over the heads,
+  one set of positions kept in every head of the layer;
 - query heads: each head's slice of the input of `o_proj`, ranked within its KV group (KV groups are kept);
 - MLP neurons: the input of `down_proj`;
 - blocks: 1 - cosine(block input, block output), the lowest of each kind dropped.
@@ -52,6 +54,7 @@ class NemotronHImportance:
 
     hidden: torch.Tensor  # [h]
     mamba_heads: dict[int, torch.Tensor]  # layer -> [mamba heads] head ids, most important first within each group (head_order)
+    mamba_dims: dict[int, torch.Tensor]  # layer -> [mamba_head_dim] scores of each channel position within a head
     attention_heads: dict[int, torch.Tensor]  # layer -> [query heads] likewise within each KV group
     mlp: dict[int, torch.Tensor]  # layer -> [intermediate] scores
     blocks: torch.Tensor  # [L] 1 - cosine, summed over batches
@@ -85,15 +88,16 @@ def importance(model: Any, tokens: torch.Tensor, batch_size: int = 4, progress: 
         handles.append(getattr(layer.mixer, target).register_forward_pre_hook(add_input(i)))
     with torch.no_grad():
         run_hooked(model, tokens, handles, batch_size, "importance (Nemotron-H)", progress)
-    mamba, attention, mlp = {}, {}, {}
+    mamba, dims, attention, mlp = {}, {}, {}, {}
     for i, letter in enumerate(desc.hybrid_override_pattern):
         if KINDS[letter] == "mamba":
             mamba[i] = head_order(sums[i][None], desc.mamba_num_heads, desc.n_groups)[0]
+            dims[i] = sums[i].sqrt().view(desc.mamba_num_heads, desc.mamba_head_dim).norm(dim=0)
         elif KINDS[letter] == "attention":
             attention[i] = head_order(sums[i][None], desc.num_attention_heads, desc.num_key_value_heads)[0]
         else:
             mlp[i] = sums[i].sqrt()
-    return NemotronHImportance(hidden.sqrt(), mamba, attention, mlp, blocks)
+    return NemotronHImportance(hidden.sqrt(), mamba, dims, attention, mlp, blocks)
 
 
 # --------------------------------------------------------------------------- what a shape keeps
@@ -106,6 +110,7 @@ class Kept:
     layers: tuple[int, ...]  # kept blocks
     hidden: torch.Tensor
     mamba_heads: dict[int, torch.Tensor]  # kept layer -> head ids
+    mamba_dims: dict[int, torch.Tensor]  # kept layer -> channel positions kept within each of its heads
     attention_heads: dict[int, torch.Tensor]
     mlp: dict[int, torch.Tensor]
 
@@ -120,10 +125,10 @@ def _per_group(order: torch.Tensor, groups: int, keep: int) -> torch.Tensor:
 
 def kept_units(desc: HybridModel, imp: NemotronHImportance, shape: Mapping[str, Any]) -> Kept:
     """Which units `shape` (the planner's one-row shape: WIDTHS and `<kind>_layers`) keeps under `imp`."""
-    for key in ("mamba_head_dim", "n_routed_experts", "moe_intermediate_size", "moe_shared_expert_intermediate_size"):
+    for key in ("n_routed_experts", "moe_intermediate_size", "moe_shared_expert_intermediate_size"):
         if int(shape[key]) != getattr(desc, key):
             raise ConfigError(f"the Nemotron-H pruner keeps {key} ({getattr(desc, key)}); the shape asks for {int(shape[key])}")
-    for key in ("hidden_size", "num_attention_heads", "mamba_num_heads", "intermediate_size"):
+    for key in ("hidden_size", "num_attention_heads", "mamba_num_heads", "mamba_head_dim", "intermediate_size"):
         base = getattr(desc, key)
         if int(shape[key]) > base or (base > 0 and int(shape[key]) < 1):
             raise ConfigError(f"shape {key}={int(shape[key])} is outside 1..{base}")
@@ -145,14 +150,18 @@ def kept_units(desc: HybridModel, imp: NemotronHImportance, shape: Mapping[str, 
             f"use multiples of the {desc.n_groups} Mamba groups and of the {desc.num_key_value_heads} KV groups"
         )
     mamba = {i: _per_group(imp.mamba_heads[i], desc.n_groups, m_keep) for i in layers if i in imp.mamba_heads}
+    head_dim = int(shape["mamba_head_dim"])
+    dims = {i: imp.mamba_dims[i].argsort(descending=True, stable=True)[:head_dim].sort().values for i in mamba}
     attention = {i: _per_group(imp.attention_heads[i], desc.num_key_value_heads, q_keep) for i in layers if i in imp.attention_heads}
     width = int(shape["intermediate_size"])
     mlp = {i: imp.mlp[i].argsort(descending=True, stable=True)[:width].sort().values for i in layers if i in imp.mlp}
-    return Kept(tuple(layers), hidden, mamba, attention, mlp)
+    return Kept(tuple(layers), hidden, mamba, dims, attention, mlp)
 
 
-def _channels(heads: torch.Tensor, head_dim: int) -> torch.Tensor:
-    return (heads[:, None] * head_dim + torch.arange(head_dim)).flatten()
+def _channels(heads: torch.Tensor, head_dim: int, dims: torch.Tensor | None = None) -> torch.Tensor:
+    """Channel indices of `heads` (each `head_dim` wide), only the positions `dims` of each when given."""
+    within = torch.arange(head_dim) if dims is None else dims
+    return (heads[:, None] * head_dim + within).flatten()
 
 
 # --------------------------------------------------------------------------- the sliced model
@@ -182,7 +191,7 @@ def slice_model(model: Any, shape: Mapping[str, Any], imp: NemotronHImportance) 
             b.norm.weight.copy_(a.norm.weight[h])
             kind = KINDS[desc.hybrid_override_pattern[old]]
             if kind == "mamba":
-                _slice_mamba(a.mixer, b.mixer, desc, kept.mamba_heads[old], h)
+                _slice_mamba(a.mixer, b.mixer, desc, kept.mamba_heads[old], kept.mamba_dims[old], h)
             elif kind == "attention":
                 q = _channels(kept.attention_heads[old], desc.head_dim)
                 b.mixer.q_proj.weight.copy_(a.mixer.q_proj.weight[q][:, h])
@@ -204,11 +213,11 @@ def slice_model(model: Any, shape: Mapping[str, Any], imp: NemotronHImportance) 
     return pruned
 
 
-def _slice_mamba(a: Any, b: Any, desc: HybridModel, heads: torch.Tensor, h: torch.Tensor) -> None:
+def _slice_mamba(a: Any, b: Any, desc: HybridModel, heads: torch.Tensor, dims: torch.Tensor, h: torch.Tensor) -> None:
     """in_proj rows [z | x B C | dt], the depthwise conv over x B C, per-head dt_bias / A_log / D, gated norm, out_proj."""
     di = desc.mamba_num_heads * desc.mamba_head_dim
     gn = 2 * desc.n_groups * desc.ssm_state_size
-    x = _channels(heads, desc.mamba_head_dim)
+    x = _channels(heads, desc.mamba_head_dim, dims)
     bc = torch.arange(di, di + gn)
     conv = torch.cat([x, bc])
     rows = torch.cat([x, di + conv, di + di + gn + heads])
@@ -274,7 +283,7 @@ def masked(model: Any, kept: Kept) -> Iterator[None]:
             kind = KINDS[desc.hybrid_override_pattern[i]]
             if kind == "mamba":
                 mask = torch.zeros(desc.mamba_num_heads * desc.mamba_head_dim)
-                mask[_channels(kept.mamba_heads[i], desc.mamba_head_dim)] = 1.0
+                mask[_channels(kept.mamba_heads[i], desc.mamba_head_dim, kept.mamba_dims[i])] = 1.0
                 di = desc.mamba_num_heads * desc.mamba_head_dim
                 patch(layer.mixer.norm, rms_over_kept(layer.mixer.norm, mask, di // desc.n_groups))
             elif kind == "attention":
