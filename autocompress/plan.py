@@ -22,6 +22,7 @@ import itertools
 import math
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,11 @@ from omegaconf import DictConfig
 
 from autocompress.arch.hybrid import WIDTHS, HybridModel, shape_config, write_config
 from autocompress.baselines.minitron import modelopt_choices
-from autocompress.config.build import scenario_from_dict
+from autocompress.config.build import build, scenario_from_dict
 from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
 from autocompress.config.compose import plain
-from autocompress.config.schema import Scenario
+from autocompress.config.schema import DataSpec, Scenario
 from autocompress.cost.hybrid import HybridCost, evaluate, hardware_terms
 from autocompress.errors import ConfigError, InfeasibleError
 from autocompress.io import check_writable, log, markdown, staged, write_json, write_parquet, write_text
@@ -174,7 +175,9 @@ def memory_accounting(rows: Mapping[str, Mapping[str, float]]) -> str:
     return "\n".join(out)
 
 
-def report(model: HybridModel, scenario: Scenario, result: Mapping[str, Any], plan: Mapping[str, Any], terms: str) -> str:
+def report(
+    model: HybridModel, scenario: Scenario, result: Mapping[str, Any], plan: Mapping[str, Any], terms: str, scored: Any = None
+) -> str:
     """plan.md: what was asked, what fits, and the memory line by line."""
     hw, wl = scenario.hardware, scenario.workload
     feasible: pd.DataFrame = result["feasible"]
@@ -196,8 +199,14 @@ def report(model: HybridModel, scenario: Scenario, result: Mapping[str, Any], pl
         f"Grid: {result['evaluated']} shapes at width <= {result['limits']['max_width_pruning']:g}, depth <= "
         f"{result['limits']['max_depth_pruning']:g}; {result['feasible_count']} feasible, the first {len(feasible)} kept.",
         f"Cost model: hybrid roofline, {terms}; not fitted to a hybrid model in an engine.",
-        "Ranking: parameters kept, the order in which ModelOpt's Minitron takes candidates to its score function "
-        "(uniform importance prior: no weights, every unit counts the same).",
+        (
+            "Ranking: parameters kept, the order in which ModelOpt's Minitron takes candidates to its score function "
+            "(uniform importance prior: no weights, every unit counts the same)."
+            if scored is None
+            else f"Ranking: the {len(scored.table)} shapes with the most parameters scored by selection-split KL to the unpruned "
+            f"model (ModelOpt's score_func; units ranked by activation importance on calibration text); the best first "
+            f"(report-split KL {scored.kl_report:.4f}, perplexity {scored.perplexity_report:.1f}), sliced into pruned/."
+        ),
         "",
         markdown(top),
         "",
@@ -209,12 +218,22 @@ def report(model: HybridModel, scenario: Scenario, result: Mapping[str, Any], pl
     return "\n".join(lines)
 
 
-def run_plan(model: HybridModel, scenario: Scenario, plan: Mapping[str, Any], choice: str, results_dir: str, run_id: str | None) -> Path:
+def run_plan(
+    model: HybridModel,
+    scenario: Scenario,
+    plan: Mapping[str, Any],
+    choice: str,
+    results_dir: str,
+    run_id: str | None,
+    weights: str | None = None,
+    data: DataSpec | None = None,
+) -> Path:
+    """The plan; with `weights` (a Nemotron-H checkpoint folder) its top_k shapes are also scored on `data` and the best sliced."""
     for key in ("max_width_pruning", "max_depth_pruning"):
         value = plan.get(key)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
             raise ConfigError(f"plan.{key}={value!r} must be a number in [0, 1)")
-    for key in (*DIVISORS, "keep", "show", "max_shapes"):
+    for key in (*DIVISORS, "keep", "show", "max_shapes", "top_k"):
         value = plan.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"plan.{key}={value!r} must be a whole number >= 1")
@@ -227,7 +246,16 @@ def run_plan(model: HybridModel, scenario: Scenario, plan: Mapping[str, Any], ch
     cost = HybridCost(model, hw, scenario.workload)
     result = search(model, scenario, cost, plan)
     feasible: pd.DataFrame = result["feasible"]
-    text = report(model, scenario, result, plan, terms)
+    scored, net = None, None
+    if weights is not None:
+        from autocompress.baselines import minitron_nemotron_h as mnh
+
+        net, tokenizer = mnh.load(weights)
+        scored = mnh.score(net, tokenizer, feasible, data or DataSpec(), int(plan["top_k"]))
+        feasible = pd.concat([scored.table[scored.table["chosen"]].drop(columns=["kl_select", "perplexity_select", "chosen"]), feasible])
+        feasible = feasible.drop_duplicates(subset=[c for c in feasible.columns if c in (*WIDTHS, "mamba_layers", "moe_layers")])
+        result["feasible"] = feasible.reset_index(drop=True)
+    text = report(model, scenario, result, plan, terms, scored)
     first = feasible.iloc[0].to_dict()
     first_shape = {k: first[k] for k in (*WIDTHS, "mamba_layers", "moe_layers", "attention_layers", "mlp_layers")}
     meta = {
@@ -235,7 +263,12 @@ def run_plan(model: HybridModel, scenario: Scenario, plan: Mapping[str, Any], ch
         "model": model.name,
         "model_source": model.source,
         "cost_model": f"hybrid roofline: {terms}",
-        "ranking": "parameters kept (uniform importance prior; no weights)",
+        "ranking": (
+            f"selection-split KL of the {int(plan['top_k'])} feasible shapes with the most parameters (activation importance on "
+            "calibration text; ModelOpt's score_func), the rest by parameters kept"
+            if scored is not None
+            else "parameters kept (uniform importance prior; no weights)"
+        ),
         "constraints": {c.metric: {"value": c.value, "sense": c.sense} for c in result["constraints"]},
         "limits": result["limits"],
         "evaluated": result["evaluated"],
@@ -251,6 +284,18 @@ def run_plan(model: HybridModel, scenario: Scenario, plan: Mapping[str, Any], ch
         write_parquet(feasible.head(int(plan["keep"])), tmp / "plan.parquet")
         write_config(model, first_shape, tmp / "first_shape")
         write_text(text, tmp / "plan.md")
+        if scored is not None:
+            from autocompress.baselines import minitron_nemotron_h as mnh
+
+            card = f"# {model.name} pruned for `{scenario.name}` (plan.weights: Minitron's grid, scored on text)\n\nShape: {first_shape}"
+            meta["pruned"] = {
+                "shape": scored.best,
+                "kl_report": scored.kl_report,
+                "perplexity_report": scored.perplexity_report,
+                "max_abs_logit_diff": mnh.write(net, tokenizer, scored, tmp / "pruned", card),
+                "data": asdict(data or DataSpec()),
+            }
+            write_parquet(scored.table, tmp / "scored.parquet")
         write_json(meta, tmp / "metadata.json")
     print(text)
     log(f"{result['feasible_count']} of {result['evaluated']} shapes feasible; plan in {out}")
@@ -269,13 +314,21 @@ def load_architecture(data: Mapping[str, Any]) -> HybridModel:
 def main(cfg: DictConfig) -> None:
     data = plain(cfg)
     results = data.get("results") or {}
+    architecture = data.get("architecture") or {}
+    weights = data["plan"].get("weights")
+    if not isinstance(weights, bool):
+        raise ConfigError(f"plan.weights={weights!r} must be true or false")
+    if weights and not architecture.get("path"):
+        raise ConfigError("plan.weights=true scores shapes with the model's weights: give architecture.path=CHECKPOINT_FOLDER")
     run_plan(
-        load_architecture(data.get("architecture") or {}),
+        load_architecture(architecture),
         scenario_from_dict(data),
         data["plan"],
         str(data.get("cost_model") or "auto"),
         str(results.get("dir") or "results"),
         results.get("run_id"),
+        weights=str(architecture["path"]) if weights else None,
+        data=build(DataSpec, data.get("data") or {}, "data"),
     )
 
 

