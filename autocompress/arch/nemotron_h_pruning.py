@@ -184,7 +184,7 @@ def slice_model(model: Any, shape: Mapping[str, Any], imp: NemotronHImportance) 
     with torch.no_grad():
         dst.embeddings.weight.copy_(src.embeddings.weight[:, h])
         dst.norm_f.weight.copy_(src.norm_f.weight[h])
-        if pruned.lm_head.weight is not dst.embeddings.weight:  # transformers' NemotronH keeps its own LM head even when tie_word_embeddings
+        if pruned.lm_head.weight is not dst.embeddings.weight:  # transformers' NemotronH keeps its own LM head, tied config or not
             pruned.lm_head.weight.copy_(model.lm_head.weight[:, h])
         for new, old in enumerate(kept.layers):
             a, b = src.layers[old], dst.layers[new]
