@@ -219,6 +219,7 @@ def test_plan_widens_the_limits_when_nothing_fits_and_says_so(tmp_path: Path) ->
         ("plan.hidden_size_divisor=abc", "plan.hidden_size_divisor='abc' must be a whole number >= 1"),
         ("architecture.hidden_size=abc", "architecture.hidden_size='abc' must be a whole number >= 0"),
         ("architecture.path=/etc/hostname", "is not a JSON config"),
+        ("plan.weights=true", "plan.weights=true scores shapes with the model's weights: give architecture.path=CHECKPOINT_FOLDER"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, override: str, message: str) -> None:
