@@ -61,7 +61,8 @@ def axes(model: HybridModel, plan: Mapping[str, Any], width: float, depth: float
     Widths: `modelopt_choices` (multiples of the divisor and the full size, the top 1 - width of them),
     Mamba heads in multiples of the groups (ModelOpt's MambaNumHeadsHp); a width of blocks the model
     does not have stays as it is. Depth: the total layer count ModelOpt's way (multiples of
-    num_layers_divisor), split every way between Mamba and MoE blocks (no weights to rank blocks by).
+    num_layers_divisor), split every way between Mamba and MoE blocks (no weights to rank blocks by), at
+    least one Mamba block kept.
     Query heads, KV heads, attention and dense MLP blocks are kept.
     """
     widths: dict[str, list[int]] = {}
@@ -74,7 +75,8 @@ def axes(model: HybridModel, plan: Mapping[str, Any], width: float, depth: float
     layers = len(model.hybrid_override_pattern)
     dropped = sorted({layers - keep for keep in modelopt_choices(layers, int(plan["num_layers_divisor"]), depth)})
     m, e = model.count("mamba"), model.count("moe")
-    drops = [(a, t - a) for t in dropped for a in range(0, min(t, m) + 1) if t - a <= e]
+    most = max(m - 1, 0)  # one Mamba block stays: vLLM's NemotronH refuses a model without one ("no mamba layers")
+    drops = [(a, t - a) for t in dropped for a in range(0, min(t, most) + 1) if t - a <= e]
     return widths, drops
 
 

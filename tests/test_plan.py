@@ -276,3 +276,10 @@ def test_a_config_saved_by_transformers_reads_back_with_its_biases(tmp_path: Pat
     assert parameters(model, model.base_shape())["total"][0] == hf_count(shape_config(model, one(model.base_shape())))
     legacy = {k: v for k, v in fields.items() if k != "n_groups"} | {"mamba_n_groups": 2}
     assert HybridModel.from_mapping(legacy).n_groups == 2
+
+
+def test_the_grid_keeps_one_mamba_block() -> None:
+    """vLLM's NemotronH refuses a model without Mamba layers, so no depth split drops them all."""
+    model = tiny_hybrid()
+    _, drops = axes(model, MODELOPT | {"num_layers_divisor": 1}, 0.4, 0.9)
+    assert max(a for a, _ in drops) == model.count("mamba") - 1 and any(e == model.count("moe") for _, e in drops)
