@@ -51,30 +51,18 @@ def load(path: str | Path) -> tuple[Any, Any]:
     return model, AutoTokenizer.from_pretrained(folder)
 
 
-def _kl_and_nll(student: torch.Tensor, teacher: torch.Tensor, ids: torch.Tensor) -> tuple[float, float]:
-    """Summed KL(teacher || student) over positions and summed next-token NLL of the student."""
-    s, t = student.float().log_softmax(-1), teacher.float().log_softmax(-1)
-    kl = float((t.exp() * (t - s)).sum())
-    nll = float(-s[:, :-1].gather(-1, ids[:, 1:, None]).sum())
-    return kl, nll
-
-
-def kl_of(model: Any, kept: list[Any], tokens: torch.Tensor, batch_size: int = 4, desc: str = "") -> list[tuple[float, float]]:
+def kl_of(model: Any, kept: list[Any], tokens: torch.Tensor, desc: str = "") -> list[tuple[float, float]]:
     """(KL per token to the unpruned model, perplexity) of each emulated cut in `kept` on `tokens` [n, s]."""
     from autocompress.arch.nemotron_h_pruning import masked
+    from autocompress.search.moe import kl_and_perplexity, logits_of
 
-    sums = [[0.0, 0.0] for _ in kept]
     with torch.no_grad():
-        for start in tqdm(range(0, len(tokens), batch_size), desc=desc, disable=not desc):
-            ids = tokens[start : start + batch_size]
-            teacher = model(input_ids=ids, use_cache=False).logits
-            for i, k in enumerate(kept):
-                with masked(model, k):
-                    kl, nll = _kl_and_nll(model(input_ids=ids, use_cache=False).logits, teacher, ids)
-                sums[i][0] += kl
-                sums[i][1] += nll
-    n, s = tokens.shape
-    return [(kl / (n * s), float(torch.tensor(nll / (n * (s - 1))).exp())) for kl, nll in sums]
+        teacher = logits_of(model, tokens)
+    out = []
+    for k in tqdm(kept, desc=desc, disable=not desc):
+        with masked(model, k):
+            out.append(kl_and_perplexity(model, tokens, teacher))
+    return out
 
 
 def score(model: Any, tokenizer: Any, feasible: pd.DataFrame, data: DataSpec, top_k: int, progress: bool = True) -> Scored:
