@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from autocompress.arch.hybrid import WIDTHS, HybridModel, shape_config, write_config
+from autocompress.arch.hybrid import SHAPE_KEYS, WIDTHS, HybridModel, shape_config, write_config
 from autocompress.baselines.minitron import modelopt_choices
 from autocompress.config.build import build, scenario_from_dict
 from autocompress.config.cliargs import hydra_entry
@@ -248,18 +248,19 @@ def run_plan(
     cost = HybridCost(model, hw, scenario.workload)
     result = search(model, scenario, cost, plan)
     feasible: pd.DataFrame = result["feasible"]
-    scored, net = None, None
+    data = data or DataSpec()
+    scored = None
     if weights is not None:
         from autocompress.baselines import minitron_nemotron_h as mnh
 
         net, tokenizer = mnh.load(weights)
-        scored = mnh.score(net, tokenizer, feasible, data or DataSpec(), int(plan["top_k"]))
+        scored = mnh.score(net, tokenizer, feasible, data, int(plan["top_k"]))
         feasible = pd.concat([scored.table[scored.table["chosen"]].drop(columns=["kl_select", "perplexity_select", "chosen"]), feasible])
-        feasible = feasible.drop_duplicates(subset=[c for c in feasible.columns if c in (*WIDTHS, "mamba_layers", "moe_layers")])
+        feasible = feasible.drop_duplicates(subset=[c for c in SHAPE_KEYS if c in feasible.columns])
         result["feasible"] = feasible.reset_index(drop=True)
     text = report(model, scenario, result, plan, terms, scored)
     first = feasible.iloc[0].to_dict()
-    first_shape = {k: first[k] for k in (*WIDTHS, "mamba_layers", "moe_layers", "attention_layers", "mlp_layers")}
+    first_shape = {k: first[k] for k in SHAPE_KEYS}
     meta = {
         "scenario": scenario.name,
         "model": model.name,
@@ -287,15 +288,13 @@ def run_plan(
         write_config(model, first_shape, tmp / "first_shape")
         write_text(text, tmp / "plan.md")
         if scored is not None:
-            from autocompress.baselines import minitron_nemotron_h as mnh
-
             card = f"# {model.name} pruned for `{scenario.name}` (plan.weights: Minitron's grid, scored on text)\n\nShape: {first_shape}"
             meta["pruned"] = {
                 "shape": scored.best,
                 "kl_report": scored.kl_report,
                 "perplexity_report": scored.perplexity_report,
                 "max_abs_logit_diff": mnh.write(net, tokenizer, scored, tmp / "pruned", card),
-                "data": asdict(data or DataSpec()),
+                "data": asdict(data),
             }
             write_parquet(scored.table, tmp / "scored.parquet")
         write_json(meta, tmp / "metadata.json")

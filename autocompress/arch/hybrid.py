@@ -33,6 +33,7 @@ WIDTHS = (
     "moe_shared_expert_intermediate_size",
     "intermediate_size",
 )
+SHAPE_KEYS = (*WIDTHS, "mamba_layers", "moe_layers", "attention_layers", "mlp_layers")  # a shape: global widths and blocks kept per kind
 LETTERS = {"mamba": "M", "linear_attention": "M", "moe": "E", "attention": "*", "full_attention": "*", "mlp": "-"}
 LEGACY = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel", "mamba_conv_bias": "use_conv_bias"}
 # fields a model without blocks of that kind need not give

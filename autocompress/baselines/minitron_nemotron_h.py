@@ -21,11 +21,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from autocompress.arch.hybrid import WIDTHS
+from autocompress.arch.hybrid import SHAPE_KEYS
 from autocompress.config.schema import DataSpec
 from autocompress.errors import ConfigError
-
-SHAPE_KEYS = (*WIDTHS, "mamba_layers", "moe_layers", "attention_layers", "mlp_layers")
 
 
 @dataclass

