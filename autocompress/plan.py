@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 import numpy as np
@@ -43,6 +43,10 @@ from autocompress.errors import ConfigError, InfeasibleError
 from autocompress.io import check_writable, log, markdown, staged, write_json, write_parquet, write_text
 from autocompress.search.runfolder import git_sha
 
+if TYPE_CHECKING:
+    from autocompress.search.nemotron_h import SingleChanges
+
+RANKS = ("params", "proxy")  # Minitron's order (parameters kept) or AutoCompress's (sum of single-change KLs; needs weights)
 DIVISORS = ("hidden_size_divisor", "ffn_hidden_size_divisor", "mamba_head_dim_divisor", "num_moe_experts_divisor", "num_layers_divisor")
 AXES = {  # width -> (the kind of block it belongs to, None: every block; its divisor's key, None: the Mamba groups)
     "hidden_size": (None, "hidden_size_divisor"),
@@ -101,8 +105,11 @@ def shapes(model: HybridModel, widths: Mapping[str, list[int]], drops: list[tupl
         }
 
 
-def search(model: HybridModel, scenario: Scenario, cost: HybridCost, plan: Mapping[str, Any]) -> dict[str, Any]:
-    """The `keep` feasible shapes with the most parameters, widening ModelOpt's limits by 0.1 until one is feasible."""
+def search(
+    model: HybridModel, scenario: Scenario, cost: HybridCost, plan: Mapping[str, Any], ranker: SingleChanges | None = None
+) -> dict[str, Any]:
+    """The `keep` feasible shapes with the most parameters (with `ranker`: the lowest proxy), widening ModelOpt's limits by 0.1
+    until one is feasible."""
     base = cost.predict(model.base_shape(), whole_wave=True)
     base_costs = {k: float(v[0]) for k, v in base.items()}
     constraints = tuple(c.resolve(base_costs) for c in scenario.constraints)
@@ -119,18 +126,21 @@ def search(model: HybridModel, scenario: Scenario, cost: HybridCost, plan: Mappi
             )
         tried = f"width {width:.1f} / depth {depth:.1f} pruning"
         best, feasible = [], 0
+        if ranker is not None:
+            ranker.prepare(widths, drops)
         for chunk in shapes(model, widths, drops):
             table = evaluate(cost, chunk, constraints)
             table = table[table["feasible"]]
             feasible += len(table)
-            best.append(table.nlargest(keep, "params"))
+            best.append(table.nlargest(keep, "params") if ranker is None else table.assign(proxy=ranker(table)).nsmallest(keep, "proxy"))
         if feasible or (width >= 0.9 and depth >= 0.9):
             break
         width, depth = min(width + 0.1, 0.9), min(depth + 0.1, 0.9)
     if not feasible:
         bounds = ", ".join(c.describe() for c in constraints)
         raise InfeasibleError(f"no shape of {model.name} meets {bounds} on {scenario.hardware.name} even at 90 % width and depth pruning")
-    top = pd.concat(best).sort_values(["params", "tpot_ms"], ascending=[False, True]).head(keep)
+    order = (["params", "tpot_ms"], [False, True]) if ranker is None else (["proxy", "params", "tpot_ms"], [True, False, True])
+    top = pd.concat(best).sort_values(order[0], ascending=order[1]).head(keep)
     return {
         "base": base_costs,
         "constraints": constraints,
@@ -177,6 +187,25 @@ def memory_accounting(rows: Mapping[str, Mapping[str, float]]) -> str:
     return "\n".join(out)
 
 
+def ranking(plan: Mapping[str, Any], scored: Any = None) -> str:
+    """How the shapes were ordered, in one sentence (plan.md and metadata.json)."""
+    if scored is None:
+        return (
+            "parameters kept, the order in which ModelOpt's Minitron takes candidates to its score function "
+            "(uniform importance prior: no weights, every unit counts the same)."
+        )
+    first = (
+        "the shapes with the most parameters"
+        if plan.get("rank", "params") == "params"
+        else "the shapes with the lowest sum of single-change calibration KLs (plan.rank=proxy; blocks dropped by their own drop KL)"
+    )
+    return (
+        f"the first {len(scored.table)} of {first} scored by selection-split KL to the unpruned model (ModelOpt's score_func; "
+        f"units ranked by activation importance on calibration text); the best first (report-split KL {scored.kl_report:.4f}, "
+        f"perplexity {scored.perplexity_report:.1f}), sliced into pruned/; the rest in that order."
+    )
+
+
 def report(
     model: HybridModel, scenario: Scenario, result: Mapping[str, Any], plan: Mapping[str, Any], terms: str, scored: Any = None
 ) -> str:
@@ -201,14 +230,7 @@ def report(
         f"Grid: {result['evaluated']} shapes at width <= {result['limits']['max_width_pruning']:g}, depth <= "
         f"{result['limits']['max_depth_pruning']:g}; {result['feasible_count']} feasible, the first {len(feasible)} kept.",
         f"Cost model: hybrid roofline, {terms}; not fitted to a hybrid model in an engine.",
-        (
-            "Ranking: parameters kept, the order in which ModelOpt's Minitron takes candidates to its score function "
-            "(uniform importance prior: no weights, every unit counts the same)."
-            if scored is None
-            else f"Ranking: the {len(scored.table)} shapes with the most parameters scored by selection-split KL to the unpruned "
-            f"model (ModelOpt's score_func; units ranked by activation importance on calibration text); the best first "
-            f"(report-split KL {scored.kl_report:.4f}, perplexity {scored.perplexity_report:.1f}), sliced into pruned/."
-        ),
+        f"Ranking: {ranking(plan, scored)}",
         "",
         markdown(top),
         "",
@@ -235,10 +257,17 @@ def run_plan(
         value = plan.get(key)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
             raise ConfigError(f"plan.{key}={value!r} must be a number in [0, 1)")
-    for key in (*DIVISORS, "keep", "show", "max_shapes", "top_k"):
+    for key in (*DIVISORS, "keep", "show", "max_shapes", "top_k", "rounds"):
         value = plan.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"plan.{key}={value!r} must be a whole number >= 1")
+    rank = plan.get("rank", "params")
+    if rank not in RANKS:
+        raise ConfigError(f"plan.rank={rank!r} is unknown; use {' or '.join(RANKS)}")
+    if rank == "proxy" and weights is None:
+        raise ConfigError(
+            "plan.rank=proxy measures single changes with the model's weights: add plan.weights=true architecture.path=CHECKPOINT"
+        )
     out = Path(results_dir).resolve() / scenario.name / f"plan-{run_id or dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
     if out.exists():
         raise ConfigError(f"{out} already exists; choose another results.run_id")
@@ -246,15 +275,33 @@ def run_plan(
     start = time.time()
     hw, terms = hardware_terms(scenario.hardware, choice)
     cost = HybridCost(model, hw, scenario.workload)
-    result = search(model, scenario, cost, plan)
-    feasible: pd.DataFrame = result["feasible"]
     data = data or DataSpec()
-    scored = None
+    scored = ranker = None
     if weights is not None:
+        from autocompress.arch.nemotron_h_pruning import hybrid_of
         from autocompress.baselines import minitron_nemotron_h as mnh
 
         net, tokenizer = mnh.load(weights)
-        scored = mnh.score(net, tokenizer, feasible, data, int(plan["top_k"]))
+        tokens, imp = mnh.calibrate(net, tokenizer, data)
+        if rank == "proxy":
+            from autocompress.search.nemotron_h import SingleChanges
+
+            ranker = SingleChanges(net, hybrid_of(net), imp, tokens.calib)
+            imp = ranker.imp
+    result = search(model, scenario, cost, plan, ranker)
+    if ranker is not None:
+        for _ in range(int(plan["rounds"]) - 1):  # re-anchor the deltas at the best feasible shape
+            ranker.anchor_at(result["feasible"].iloc[0])
+            result = search(model, scenario, cost, plan, ranker)
+        result["proxy"] = {
+            "rounds": int(plan["rounds"]),
+            "measured": ranker.measured,
+            "anchor": ranker.anchor,
+            "anchor_kl": ranker.anchor_kl,
+        }
+    feasible: pd.DataFrame = result["feasible"]
+    if weights is not None:
+        scored = mnh.score(net, feasible, int(plan["top_k"]), tokens, imp)
         feasible = pd.concat([scored.table[scored.table["chosen"]].drop(columns=["kl_select", "perplexity_select", "chosen"]), feasible])
         feasible = feasible.drop_duplicates(subset=[c for c in SHAPE_KEYS if c in feasible.columns])
         result["feasible"] = feasible.reset_index(drop=True)
@@ -266,12 +313,9 @@ def run_plan(
         "model": model.name,
         "model_source": model.source,
         "cost_model": f"hybrid roofline: {terms}",
-        "ranking": (
-            f"selection-split KL of the {int(plan['top_k'])} feasible shapes with the most parameters (activation importance on "
-            "calibration text; ModelOpt's score_func), the rest by parameters kept"
-            if scored is not None
-            else "parameters kept (uniform importance prior; no weights)"
-        ),
+        "ranking": ranking(plan, scored),
+        "rank": plan.get("rank", "params"),
+        "proxy": result.get("proxy"),
         "constraints": {c.metric: {"value": c.value, "sense": c.sense} for c in result["constraints"]},
         "limits": result["limits"],
         "evaluated": result["evaluated"],
@@ -288,7 +332,9 @@ def run_plan(
         write_config(model, first_shape, tmp / "first_shape")
         write_text(text, tmp / "plan.md")
         if scored is not None:
-            card = f"# {model.name} pruned for `{scenario.name}` (plan.weights: Minitron's grid, scored on text)\n\nShape: {first_shape}"
+            how = "Minitron's ranking" if plan.get("rank", "params") == "params" else "AutoCompress's single-change ranking"
+            card = f"# {model.name} pruned for `{scenario.name}` (plan.weights: the planner's grid, {how}, scored on text)"
+            card += f"\n\nShape: {first_shape}"
             meta["pruned"] = {
                 "shape": scored.best,
                 "kl_report": scored.kl_report,

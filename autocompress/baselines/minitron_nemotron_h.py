@@ -7,7 +7,8 @@ as ModelOpt's `mcore_minitron` does with its `score_func`, the `top_k` of them a
 model on the selection split, with every unit ranked by activation importance on the calibration split
 (autocompress.arch.nemotron_h_pruning), and the lowest is sliced into a checkpoint (report-split KL and
 perplexity recorded). Scoring runs the cuts emulated on the unmodified model (`masked`); the written checkpoint
-is checked against the same emulation.
+is checked against the same emulation. With `plan.rank=proxy` the same scoring takes AutoCompress's ranking
+instead of parameters kept (autocompress.search.nemotron_h): the two differ only in which shapes are measured.
 """
 
 from __future__ import annotations
@@ -63,14 +64,20 @@ def kl_of(model: Any, kept: list[Any], tokens: torch.Tensor, desc: str = "") -> 
     return out
 
 
-def score(model: Any, tokenizer: Any, feasible: pd.DataFrame, data: DataSpec, top_k: int, progress: bool = True) -> Scored:
-    """Importance on the calibration split; the first `top_k` rows of `feasible` (most parameters first) scored on the selection split."""
-    from autocompress.arch.nemotron_h_pruning import hybrid_of, importance, kept_units
+def calibrate(model: Any, tokenizer: Any, data: DataSpec, progress: bool = True) -> tuple[Any, Any]:
+    """The three splits' windows of `data` and activation importance on the calibration split."""
+    from autocompress.arch.nemotron_h_pruning import importance
     from autocompress.model.data import load_token_data
 
-    desc = hybrid_of(model)
     tokens = load_token_data(data, tokenizer)
-    imp = importance(model, tokens.calib, progress=progress)
+    return tokens, importance(model, tokens.calib, progress=progress)
+
+
+def score(model: Any, feasible: pd.DataFrame, top_k: int, tokens: Any, imp: Any, progress: bool = True) -> Scored:
+    """The first `top_k` rows of `feasible` (in the planner's ranking) cut by `imp` and scored on the selection split; the best kept."""
+    from autocompress.arch.nemotron_h_pruning import hybrid_of, kept_units
+
+    desc = hybrid_of(model)
     rows = feasible.head(top_k).reset_index(drop=True)
     base = {k: int(v[0]) for k, v in desc.base_shape().items()}
     shapes = [base | {k: int(r[k]) for k in SHAPE_KEYS if k in r and k != "num_attention_heads"} for _, r in rows.iterrows()]

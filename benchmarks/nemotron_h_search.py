@@ -1,0 +1,106 @@
+"""AutoCompress's ranking against Minitron's on a Nemotron-H with weights, at several bounds (plan.rank=proxy vs params).
+
+    .venv/bin/python benchmarks/nemotron_h_search.py                      # cpu_interactive, TPOT and TTFT at 0.95x .. 0.8x
+    .venv/bin/python benchmarks/nemotron_h_search.py --factors 0.9 --rounds 1 2
+
+For each bound (TPOT and TTFT both at FACTOR x the unpruned model's, the analytic roofline of the scenario's
+hardware), `python -m autocompress.plan ... plan.weights=true` runs on the tiny trained Nemotron-H
+(autocompress.model.tiny_moe.TinyNemotronH, cached) once with Minitron's ranking (plan.rank=params: the
+feasible shapes with the most parameters) and once per --rounds value with AutoCompress's (plan.rank=proxy:
+single-change calibration KLs around an anchor). Both measure plan.top_k shapes on the selection split and
+keep the lowest; the report split scores the pick. The grid and its limits are the same for both (ModelOpt's,
+widened until a shape fits). Writes benchmarks/results/nemotron_h_search/<scenario>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+C4 = ROOT.parent / "shared" / "data" / "corpora" / "c4_sample"
+KEYS = ("hidden_size", "mamba_num_heads", "mamba_head_dim", "intermediate_size", "mamba_layers")
+
+
+def main() -> None:
+    import pandas as pd
+
+    from autocompress.config import cpuinfo
+    from autocompress.config.schema import DataSpec
+    from autocompress.model.tiny_moe import TinyNemotronH, tiny_hybrid_moe
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", default="cpu_interactive")
+    parser.add_argument("--factors", type=float, nargs="+", default=[0.95, 0.9, 0.85, 0.8])
+    parser.add_argument("--rounds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--results-dir", default="results")
+    args = parser.parse_args()
+    if not C4.is_dir():
+        raise SystemExit(f"the C4 sample is not at {C4} (see ../shared/data/PROVENANCE.md)")
+    trained = tiny_hybrid_moe(DataSpec(source="jsonl", path=str(C4)), TinyNemotronH())
+    results = Path(args.results_dir).resolve()
+    divisors = ["plan.hidden_size_divisor=16", "plan.ffn_hidden_size_divisor=32", "plan.mamba_head_dim_divisor=4"]
+    rows = []
+    for factor in args.factors:
+        bounds = [f"scenario.constraints.tpot_ms={factor}x", f"scenario.constraints.ttft_ms={factor}x"]
+        for rank, rounds in [("params", 1), *(("proxy", r) for r in args.rounds)]:
+            run_id = f"search-{trained.path.name}-{factor}-{rank}{rounds if rank == 'proxy' else ''}"
+            out = results / args.scenario / f"plan-{run_id}"
+            shutil.rmtree(out, ignore_errors=True)
+            command = [
+                f"+scenario={args.scenario}",
+                f"architecture.path={trained.path}",
+                "plan.weights=true",
+                f"plan.rank={rank}",
+                f"plan.rounds={rounds}",
+                "data.source=jsonl",
+                f"data.path={C4}",
+                f"results.dir={results}",
+                f"results.run_id={run_id}",
+                *divisors,
+                *bounds,
+            ]
+            start = time.time()
+            subprocess.run([sys.executable, "-m", "autocompress.plan", *command], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+            meta = json.loads((out / "metadata.json").read_text())
+            scored = pd.read_parquet(out / "scored.parquet")
+            pick = scored[scored["chosen"]].iloc[0]
+            rows.append(
+                {
+                    "factor": factor,
+                    "rank": rank,
+                    "rounds": rounds if rank == "proxy" else None,
+                    "limits": meta["limits"],
+                    "grid": meta["evaluated"],
+                    "feasible": meta["feasible"],
+                    "pick": {k: int(pick[k]) for k in KEYS},
+                    "params": int(pick["params"]),
+                    "kl_select": float(pick["kl_select"]),
+                    "kl_report": meta["pruned"]["kl_report"],
+                    "perplexity_report": meta["pruned"]["perplexity_report"],
+                    "selection_measurements": len(scored),
+                    "calibration_measurements": (meta.get("proxy") or {}).get("measured", 0),
+                    "seconds": round(time.time() - start, 1),
+                    "command": "python -m autocompress.plan " + " ".join(command),
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+    keep = ROOT / "benchmarks" / "results" / "nemotron_h_search"
+    keep.mkdir(parents=True, exist_ok=True)
+    record = {
+        "cpu": cpuinfo.identity(),
+        "model": {"path": trained.path.name, "recipe": trained.log["recipe"], "loss_last_20": trained.log["loss_last_20"]},
+        "runs": rows,
+    }
+    (keep / f"{args.scenario}.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
