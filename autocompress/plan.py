@@ -126,8 +126,13 @@ def search(
             )
         tried = f"width {width:.1f} / depth {depth:.1f} pruning"
         best, feasible = [], 0
-        if ranker is not None:
-            ranker.prepare(widths, drops)
+        if ranker is not None:  # first pass: which options feasible shapes take; the ranker measures those (and no others)
+            taken: dict[str, set[int]] = {}
+            for chunk in shapes(model, widths, drops):
+                table = evaluate(cost, chunk, constraints)
+                for key in ranker.keys:
+                    taken.setdefault(key, set()).update(int(v) for v in table.loc[table["feasible"], key].unique())
+            ranker.prepare(taken)
         for chunk in shapes(model, widths, drops):
             table = evaluate(cost, chunk, constraints)
             table = table[table["feasible"]]

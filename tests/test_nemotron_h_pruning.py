@@ -129,14 +129,14 @@ def test_single_changes_are_measured_around_the_anchor_and_drop_the_cheapest_blo
     cheapest = min(changes.drops, key=lambda i: changes.drops[i])
     assert len(changes.drops) == 3 and len(set(changes.drops.values())) == 3  # the three Mamba blocks, each its own score
     assert cheapest not in kept_units(desc, changes.imp, shape_of(model, mamba_layers=2)).layers  # the cheapest drop goes first
-    changes.prepare({"hidden_size": [48, 64], "intermediate_size": [64, 96]}, [(0, 0), (1, 0)])
+    changes.prepare({"hidden_size": [48, 64], "intermediate_size": [64, 96], "mamba_layers": [3, 2]})
     one, two = shape_of(model, hidden_size=48), shape_of(model, hidden_size=48, intermediate_size=64, mamba_layers=2)
     proxy = changes(pd.DataFrame([shape_of(model), one, two]))
     assert proxy[0] == 0 and proxy[1] == pytest.approx(measured(one), abs=1e-9) and proxy[1] > 0.01
     assert proxy[2] == pytest.approx(sum(changes.delta[k] for k in [("hidden_size", 48), ("intermediate_size", 64), ("mamba_layers", 2)]))
     changes.anchor_at(two)
     assert changes.anchor_kl == pytest.approx(measured(two), abs=1e-9) and changes.delta == {}
-    changes.prepare({"hidden_size": [48, 64]}, [(1, 0)])
+    changes.prepare({"hidden_size": [48, 64], "mamba_layers": [2]})
     assert set(changes.delta) == {("hidden_size", 64)}  # only the option the anchor does not already hold
     back = changes(pd.DataFrame([two, two | {"hidden_size": 64}]))
     assert back[0] == pytest.approx(changes.anchor_kl) and back[1] == pytest.approx(measured(two | {"hidden_size": 64}), abs=1e-9)

@@ -17,7 +17,7 @@ selection split exactly as Minitron's candidates are (baselines.minitron_nemotro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -59,6 +59,7 @@ class SingleChanges:
         self.anchor, self.anchor_kl = dict(self.base), 0.0
         self.delta: dict[tuple[str, int], float] = {}
         self.measured = len(drops)
+        self.keys = (*AXES, *(f"{kind}_layers" for kind in DROPPABLE))  # what a shape's proxy sums over
 
     def _measure(self, imp: NemotronHImportance, shape: Mapping[str, int]) -> float:
         with masked(self.model, kept_units(self.desc, imp, shape)):
@@ -71,12 +72,9 @@ class SingleChanges:
         self.delta = {}
         self.measured += 1
 
-    def prepare(self, widths: Mapping[str, list[int]], drops: list[tuple[int, int]]) -> None:
-        """Measure every option of the planner's axes at its present limits (`widths`, and the block counts of `drops`) not measured yet."""
-        options = [(a, int(v)) for a in AXES for v in widths.get(a, [])]
-        for n, kind in enumerate(DROPPABLE):
-            options += [(f"{kind}_layers", self.desc.count(kind) - d[n]) for d in drops]
-        todo = sorted({o for o in options if o[1] != self.anchor[o[0]] and o not in self.delta})
+    def prepare(self, options: Mapping[str, Iterable[int]]) -> None:
+        """Measure each option in `options` (axis -> values: the widths and block counts that feasible shapes take) not measured yet."""
+        todo = sorted({(a, int(v)) for a in self.keys for v in options.get(a, ()) if int(v) != self.anchor[a]} - self.delta.keys())
         for axis, value in tqdm(todo, desc="single changes: widths and depth", disable=not self.progress or not todo):
             self.delta[(axis, value)] = self._measure(self.imp, self.anchor | {axis: value}) - self.anchor_kl
         self.measured += len(todo)
@@ -84,7 +82,7 @@ class SingleChanges:
     def __call__(self, table: pd.DataFrame) -> np.ndarray:
         """The proxy of every row of a planner table (its options measured by `prepare`)."""
         total = np.full(len(table), self.anchor_kl)
-        for axis in (*AXES, *(f"{kind}_layers" for kind in DROPPABLE)):
+        for axis in self.keys:
             anchor = self.anchor[axis]
             total += np.array([0.0 if int(v) == anchor else self.delta[(axis, int(v))] for v in table[axis].to_numpy()])
         return total
