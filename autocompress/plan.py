@@ -8,9 +8,10 @@ taken against the unpruned model, and the device's memory share holding the work
 by parameters kept, the order in which ModelOpt's Minitron takes candidates to its score
 function. That ranking is an explicit prior, not a measurement: without weights every unit counts
 as equally important (uniform importance), so more parameters kept ranks higher; a real search
-ranks by distillation loss on calibration text. Writes plan.parquet (the feasible
-shapes, most parameters first), plan.md (the table and the memory accounting, line by line, of
-the unpruned model and of the first shape), metadata.json and first_shape/config.json (a
+ranks by distillation loss on calibration text (with weights: plan.weights, plan.rank). Writes
+plan.parquet (the feasible shapes, most parameters first; with weights the pick first, then the
+ranking's order), plan.md (the table and the memory accounting, line by line, of the unpruned model
+and of the first shape), metadata.json and first_shape/config.json (a
 weight-free Nemotron-H checkpoint of the first shape, for vLLM's load_format="dummy") under
 results/<scenario>/plan-<run_id>/.
 """
@@ -46,7 +47,7 @@ from autocompress.search.runfolder import git_sha
 if TYPE_CHECKING:
     from autocompress.search.nemotron_h import SingleChanges
 
-RANKS = ("params", "proxy")  # Minitron's order (parameters kept) or AutoCompress's (sum of single-change KLs; needs weights)
+RANKS = ("params", "proxy")  # Minitron's order (parameters kept) or AutoCompress's (single-change KLs around an anchor; needs weights)
 DIVISORS = ("hidden_size_divisor", "ffn_hidden_size_divisor", "mamba_head_dim_divisor", "num_moe_experts_divisor", "num_layers_divisor")
 AXES = {  # width -> (the kind of block it belongs to, None: every block; its divisor's key, None: the Mamba groups)
     "hidden_size": (None, "hidden_size_divisor"),
@@ -192,7 +193,7 @@ def memory_accounting(rows: Mapping[str, Mapping[str, float]]) -> str:
     return "\n".join(out)
 
 
-def ranking(plan: Mapping[str, Any], scored: Any = None) -> str:
+def ranking(plan: Mapping[str, Any], scored: Any = None, proxy: Mapping[str, Any] | None = None) -> str:
     """How the shapes were ordered, in one sentence (plan.md and metadata.json)."""
     if scored is None:
         return (
@@ -201,8 +202,9 @@ def ranking(plan: Mapping[str, Any], scored: Any = None) -> str:
         )
     first = (
         "the shapes with the most parameters"
-        if plan.get("rank", "params") == "params"
-        else "the shapes with the lowest sum of single-change calibration KLs (plan.rank=proxy; blocks dropped by their own drop KL)"
+        if proxy is None
+        else f"the shapes with the lowest proxy (plan.rank=proxy: calibration-split KL of the anchor plus its single changes' deltas, "
+        f"{proxy['rounds']} round(s), {proxy['measured']} measurements; blocks dropped by their own drop KL, not 1 - cosine)"
     )
     return (
         f"the first {len(scored.table)} of {first} scored by selection-split KL to the unpruned model (ModelOpt's score_func; "
@@ -217,7 +219,7 @@ def report(
     """plan.md: what was asked, what fits, and the memory line by line."""
     hw, wl = scenario.hardware, scenario.workload
     feasible: pd.DataFrame = result["feasible"]
-    top = feasible.head(int(plan["show"]))[SHOWN].copy()
+    top = feasible.head(int(plan["show"]))[SHOWN + (["proxy"] if "proxy" in feasible else [])].copy()
     for k in ("params", "active_params"):
         top[k] = (top[k] / 1e9).round(2)
     top = top.rename(columns={"params": "params (B)", "active_params": "active (B)"}).round(2)
@@ -235,7 +237,7 @@ def report(
         f"Grid: {result['evaluated']} shapes at width <= {result['limits']['max_width_pruning']:g}, depth <= "
         f"{result['limits']['max_depth_pruning']:g}; {result['feasible_count']} feasible, the first {len(feasible)} kept.",
         f"Cost model: hybrid roofline, {terms}; not fitted to a hybrid model in an engine.",
-        f"Ranking: {ranking(plan, scored)}",
+        f"Ranking: {ranking(plan, scored, result.get('proxy'))}",
         "",
         markdown(top),
         "",
@@ -281,7 +283,8 @@ def run_plan(
     hw, terms = hardware_terms(scenario.hardware, choice)
     cost = HybridCost(model, hw, scenario.workload)
     data = data or DataSpec()
-    scored = ranker = None
+    scored = None
+    result = search(model, scenario, cost, plan)  # by parameters; a bound nothing meets is refused here, before any weights load
     if weights is not None:
         from autocompress.arch.nemotron_h_pruning import hybrid_of
         from autocompress.baselines import minitron_nemotron_h as mnh
@@ -293,17 +296,24 @@ def run_plan(
 
             ranker = SingleChanges(net, hybrid_of(net), imp, tokens.calib)
             imp = ranker.imp
-    result = search(model, scenario, cost, plan, ranker)
-    if ranker is not None:
-        for _ in range(int(plan["rounds"]) - 1):  # re-anchor the deltas at the best feasible shape
-            ranker.anchor_at(result["feasible"].iloc[0])
-            result = search(model, scenario, cost, plan, ranker)
-        result["proxy"] = {
-            "rounds": int(plan["rounds"]),
-            "measured": ranker.measured,
-            "anchor": ranker.anchor,
-            "anchor_kl": ranker.anchor_kl,
-        }
+            grid = dict(plan) | result["limits"]  # the limits at which shapes fit: every round ranks that grid
+            rounds = 0
+            while rounds < int(plan["rounds"]):
+                if rounds:  # re-anchor the deltas at the best feasible shape, unless that is the anchor already
+                    best = {k: int(result["feasible"].iloc[0][k]) for k in ranker.anchor}
+                    if best == ranker.anchor:
+                        break
+                    ranker.anchor_at(best)
+                result = search(model, scenario, cost, grid, ranker)
+                rounds += 1
+            result["proxy"] = {
+                "rounds": rounds,
+                "rounds_asked": int(plan["rounds"]),
+                "measured": ranker.measured,
+                "anchor": ranker.anchor,
+                "anchor_kl": ranker.anchor_kl,
+            }
+            ranker.release()
     feasible: pd.DataFrame = result["feasible"]
     if weights is not None:
         scored = mnh.score(net, feasible, int(plan["top_k"]), tokens, imp)
@@ -318,7 +328,7 @@ def run_plan(
         "model": model.name,
         "model_source": model.source,
         "cost_model": f"hybrid roofline: {terms}",
-        "ranking": ranking(plan, scored),
+        "ranking": ranking(plan, scored, result.get("proxy")),
         "rank": plan.get("rank", "params"),
         "proxy": result.get("proxy"),
         "constraints": {c.metric: {"value": c.value, "sense": c.sense} for c in result["constraints"]},

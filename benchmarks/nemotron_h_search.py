@@ -21,12 +21,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 C4 = ROOT.parent / "shared" / "data" / "corpora" / "c4_sample"
 KEYS = ("hidden_size", "mamba_num_heads", "mamba_head_dim", "intermediate_size", "mamba_layers")
+
+
+def shared(scored: Any, minitron: Any) -> dict[str, Any]:
+    """The shapes both rankings measured, and the largest difference of their selection KLs: 0 where both cut the same units
+    (everything but which blocks a depth cut drops is common to both; proxy drops by drop KL, params by 1 - cosine)."""
+    both = scored.merge(minitron, on=list(KEYS), suffixes=("", "_params"))
+    gap = (both["kl_select"] - both["kl_select_params"]).abs().max() if len(both) else None
+    return {"shapes": len(both), "max_kl_select_difference": None if gap is None else float(gap)}
 
 
 def main() -> None:
@@ -41,6 +50,7 @@ def main() -> None:
     parser.add_argument("--factors", type=float, nargs="+", default=[0.95, 0.9, 0.85, 0.8])
     parser.add_argument("--rounds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--results-dir", default="results")
+    parser.add_argument("--reuse", action="store_true", help="keep plan folders a previous run of this script left (summarise them again)")
     args = parser.parse_args()
     if not C4.is_dir():
         raise SystemExit(f"the C4 sample is not at {C4} (see ../shared/data/PROVENANCE.md)")
@@ -53,7 +63,9 @@ def main() -> None:
         for rank, rounds in [("params", 1), *(("proxy", r) for r in args.rounds)]:
             run_id = f"search-{trained.path.name}-{factor}-{rank}{rounds if rank == 'proxy' else ''}"
             out = results / args.scenario / f"plan-{run_id}"
-            shutil.rmtree(out, ignore_errors=True)
+            reused = args.reuse and (out / "metadata.json").is_file()
+            if not reused:
+                shutil.rmtree(out, ignore_errors=True)
             command = [
                 f"+scenario={args.scenario}",
                 f"architecture.path={trained.path}",
@@ -68,7 +80,8 @@ def main() -> None:
                 *bounds,
             ]
             start = time.time()
-            subprocess.run([sys.executable, "-m", "autocompress.plan", *command], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+            if not reused:
+                subprocess.run([sys.executable, "-m", "autocompress.plan", *command], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
             meta = json.loads((out / "metadata.json").read_text())
             scored = pd.read_parquet(out / "scored.parquet")
             pick = scored[scored["chosen"]].iloc[0]
@@ -87,10 +100,14 @@ def main() -> None:
                     "perplexity_report": meta["pruned"]["perplexity_report"],
                     "selection_measurements": len(scored),
                     "calibration_measurements": (meta.get("proxy") or {}).get("measured", 0),
-                    "seconds": round(time.time() - start, 1),
+                    "seconds": round(meta["seconds"] if reused else time.time() - start, 1),  # reused: the plan's own time
                     "command": "python -m autocompress.plan " + " ".join(command),
                 }
             )
+            if rank == "proxy":
+                rows[-1]["shared"] = shared(
+                    scored, pd.read_parquet(out.parent / f"plan-{run_id.rsplit('-', 1)[0]}-params" / "scored.parquet")
+                )
             print(json.dumps(rows[-1]), flush=True)
     keep = ROOT / "benchmarks" / "results" / "nemotron_h_search"
     keep.mkdir(parents=True, exist_ok=True)

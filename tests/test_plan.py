@@ -198,6 +198,41 @@ COARSE = [
 ] + ["plan.num_moe_experts_divisor=64", "plan.num_layers_divisor=8"]
 
 
+def test_a_ranker_is_asked_for_the_options_feasible_shapes_take_at_the_limits_that_fit() -> None:
+    """plan.rank=proxy's side of the grid search, on the coarse grid that needs widening: a ranker (here ordering by parameters,
+    so the result must equal the unranked one) measures nothing while no shape fits, then exactly the feasible shapes' options."""
+    import yaml
+
+    from autocompress.config.compose import compose_dict
+    from autocompress.cost.hybrid import hardware_terms
+    from autocompress.plan import search
+
+    class ByParameters:
+        keys = ("hidden_size", "mamba_layers")
+
+        def __init__(self) -> None:
+            self.asked: list[dict[str, set[int]]] = []
+
+        def prepare(self, options: dict[str, set[int]]) -> None:
+            self.asked.append({k: set(v) for k, v in options.items()})
+
+        def __call__(self, table: pd.DataFrame) -> np.ndarray:
+            return -table["params"].to_numpy(dtype=float)
+
+    model = load_architecture(yaml.safe_load(SUPER.read_text()))
+    scenario = scenario_from_dict(compose_dict("+scenario=b200_longctx", "scenario.constraints.memory_gib=60"))
+    coarse = {c.split("=")[0].removeprefix("plan."): int(c.split("=")[1]) for c in COARSE}
+    plan = yaml.safe_load((CONF_DIR / "plan.yaml").read_text())["plan"] | coarse | {"keep": 100000}
+    cost = HybridCost(model, hardware_terms(scenario.hardware, "auto")[0], scenario.workload)
+    ranker = ByParameters()
+    ranked, plain = search(model, scenario, cost, plan, ranker), search(model, scenario, cost, plan)  # type: ignore[arg-type]
+    assert ranked["limits"] == plain["limits"] == {"max_width_pruning": 0.5, "max_depth_pruning": 0.3}
+    assert ranker.asked[0] == {"hidden_size": set(), "mamba_layers": set()} and len(ranker.asked) == 2  # (0.4, 0.2): nothing fits
+    assert len(plain["feasible"]) == plain["feasible_count"] > 1  # every feasible shape kept, so their options are all here
+    assert ranker.asked[1] == {k: set(plain["feasible"][k].astype(int)) for k in ByParameters.keys}
+    pd.testing.assert_frame_equal(ranked["feasible"].drop(columns="proxy"), plain["feasible"], check_like=True)
+
+
 def test_plan_widens_the_limits_when_nothing_fits_and_says_so(tmp_path: Path) -> None:
     # on this coarse grid the smallest shape needs 72.8 GiB within ModelOpt's limits (0.4, 0.2), 51.9 within (0.5, 0.3)
     args = ("+scenario=b200_longctx", f"results.dir={tmp_path}", "scenario.constraints.memory_gib=60", *COARSE)

@@ -8,7 +8,8 @@ model on the selection split, with every unit ranked by activation importance on
 (autocompress.arch.nemotron_h_pruning), and the lowest is sliced into a checkpoint (report-split KL and
 perplexity recorded). Scoring runs the cuts emulated on the unmodified model (`masked`); the written checkpoint
 is checked against the same emulation. With `plan.rank=proxy` the same scoring takes AutoCompress's ranking
-instead of parameters kept (autocompress.search.nemotron_h): the two differ only in which shapes are measured.
+instead of parameters kept (autocompress.search.nemotron_h), and blocks go by their own drop KL instead of
+1 - cosine: the two differ in which shapes are measured and in which blocks a depth cut drops.
 """
 
 from __future__ import annotations

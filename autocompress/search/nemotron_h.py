@@ -61,6 +61,10 @@ class SingleChanges:
         self.measured = len(drops)
         self.keys = (*AXES, *(f"{kind}_layers" for kind in DROPPABLE))  # what a shape's proxy sums over
 
+    def release(self) -> None:
+        """Drop the calibration teacher's logits (windows x tokens x vocabulary floats) once the rounds are done."""
+        self.teacher = torch.empty(0)
+
     def _measure(self, imp: NemotronHImportance, shape: Mapping[str, int]) -> float:
         with masked(self.model, kept_units(self.desc, imp, shape)):
             return self._kl(self.model, self.tokens, self.teacher)[0]
@@ -83,6 +87,9 @@ class SingleChanges:
         """The proxy of every row of a planner table (its options measured by `prepare`)."""
         total = np.full(len(table), self.anchor_kl)
         for axis in self.keys:
-            anchor = self.anchor[axis]
-            total += np.array([0.0 if int(v) == anchor else self.delta[(axis, int(v))] for v in table[axis].to_numpy()])
+            lookup = {v: d for (a, v), d in self.delta.items() if a == axis} | {self.anchor[axis]: 0.0}
+            part = table[axis].astype(int).map(lookup).to_numpy(dtype=float)
+            if np.isnan(part).any():
+                raise RuntimeError(f"{axis} takes a value whose single change was not measured (prepare the options first)")
+            total += part
         return total
