@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from autocompress.arch.hybrid import KINDS, HybridModel
 from autocompress.arch.nemotron_h_pruning import NemotronHImportance, kept_units, masked
+from autocompress.search.moe import kl_and_perplexity, logits_of
 
 DROPPABLE = ("mamba", "moe")  # the kinds the planner drops blocks of (attention and MLP blocks are kept)
 AXES = ("hidden_size", "mamba_num_heads", "mamba_head_dim", "intermediate_size")  # the width axes the pruner slices
@@ -37,10 +38,7 @@ class SingleChanges:
     """Calibration KL of single changes around an anchor shape, measured on demand; ranks planner tables by anchor + deltas."""
 
     def __init__(self, model: Any, desc: HybridModel, imp: NemotronHImportance, tokens: torch.Tensor, progress: bool = True) -> None:
-        from autocompress.search.moe import kl_and_perplexity, logits_of
-
         self.model, self.desc, self.tokens, self.progress = model, desc, tokens, progress
-        self._kl = kl_and_perplexity
         with torch.no_grad():
             self.teacher = logits_of(model, tokens)
         self.base = {k: int(v[0]) for k, v in desc.base_shape().items()}
@@ -67,7 +65,7 @@ class SingleChanges:
 
     def _measure(self, imp: NemotronHImportance, shape: Mapping[str, int]) -> float:
         with masked(self.model, kept_units(self.desc, imp, shape)):
-            return self._kl(self.model, self.tokens, self.teacher)[0]
+            return kl_and_perplexity(self.model, self.tokens, self.teacher)[0]
 
     def anchor_at(self, shape: Mapping[str, Any]) -> None:
         """Take further deltas around `shape` (a planner row); measured afresh by `prepare`."""
