@@ -193,7 +193,7 @@ def memory_accounting(rows: Mapping[str, Mapping[str, float]]) -> str:
     return "\n".join(out)
 
 
-def ranking(plan: Mapping[str, Any], scored: Any = None, proxy: Mapping[str, Any] | None = None) -> str:
+def ranking(scored: Any = None, proxy: Mapping[str, Any] | None = None) -> str:
     """How the shapes were ordered, in one sentence (plan.md and metadata.json)."""
     if scored is None:
         return (
@@ -237,7 +237,7 @@ def report(
         f"Grid: {result['evaluated']} shapes at width <= {result['limits']['max_width_pruning']:g}, depth <= "
         f"{result['limits']['max_depth_pruning']:g}; {result['feasible_count']} feasible, the first {len(feasible)} kept.",
         f"Cost model: hybrid roofline, {terms}; not fitted to a hybrid model in an engine.",
-        f"Ranking: {ranking(plan, scored, result.get('proxy'))}",
+        f"Ranking: {ranking(scored, result.get('proxy'))}",
         "",
         markdown(top),
         "",
@@ -328,8 +328,8 @@ def run_plan(
         "model": model.name,
         "model_source": model.source,
         "cost_model": f"hybrid roofline: {terms}",
-        "ranking": ranking(plan, scored, result.get("proxy")),
-        "rank": plan.get("rank", "params"),
+        "ranking": ranking(scored, result.get("proxy")),
+        "rank": rank,
         "proxy": result.get("proxy"),
         "constraints": {c.metric: {"value": c.value, "sense": c.sense} for c in result["constraints"]},
         "limits": result["limits"],
@@ -347,7 +347,7 @@ def run_plan(
         write_config(model, first_shape, tmp / "first_shape")
         write_text(text, tmp / "plan.md")
         if scored is not None:
-            how = "Minitron's ranking" if plan.get("rank", "params") == "params" else "AutoCompress's single-change ranking"
+            how = "Minitron's ranking" if rank == "params" else "AutoCompress's single-change ranking"
             card = f"# {model.name} pruned for `{scenario.name}` (plan.weights: the planner's grid, {how}, scored on text)"
             card += f"\n\nShape: {first_shape}"
             meta["pruned"] = {
