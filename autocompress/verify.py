@@ -9,8 +9,10 @@ it (autocompress.cost.engine). The measured TTFT / TPOT / throughput / KV capaci
 next to the predicted columns (`measured_<metric>`, with run-to-run spreads), with
 `feasible_measured` (every constraint met by the measured medians) and
 `feasible_within_noise` (met once each measurement may be off by its own spread). On a GPU the
-engine's peak RSS is host memory, not the device memory vLLM preallocates: no `measured_memory_gib`,
-and a memory bound is listed in `unverified_constraints` instead of judged. On a CPU the peak RSS is
+engine's peak RSS is host memory, so the engine is given the KV cache the workload needs
+(`kv_cache_memory_bytes`, not `gpu_memory_utilization` of the device) and `measured_memory_gib` is the
+worker's device footprint by its own accounting (cost/vllm_worker.py); a GPU row without it leaves a memory
+bound in `unverified_constraints` instead of judged from RSS (this path has not run on a GPU here). On a CPU the peak RSS is
 also split into `measured_weights_gib`, `measured_kv_alloc_gib` (the KV cache the engine allocated)
 and `measured_runtime_gib` (the rest: the runtime's baseline, the same for any architecture). The file is
 rewritten atomically; `trials.parquet` gets the same columns for the verified trials.

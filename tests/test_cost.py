@@ -160,3 +160,23 @@ def test_kv_cache_caps_throughput() -> None:
     )
     assert full["throughput_tok_s"] < roomy["throughput_tok_s"]
     assert full["memory_gib"] == pytest.approx(roomy["memory_gib"])  # demand does not depend on capacity
+
+
+def test_a_gpu_engine_is_given_the_kv_cache_the_cost_model_counts() -> None:
+    """On a GPU the engine's KV cache is pinned to the workloads' demand (not gpu_memory_utilization of the device):
+    the cost model's KV bytes for the largest workload, plus at most two blocks, so its memory is the architecture's."""
+    from autocompress.cost.engine import EngineSettings, kv_pin_bytes, memory_split
+
+    arch = smollm2_space().largest()
+    pin = kv_pin_bytes(arch, WORKLOADS, "bf16", block=64)
+    demand = max(w.kv_tokens for w in WORKLOADS) * arch.kv_bytes_per_token(2)
+    assert demand + 64 * arch.kv_bytes_per_token(2) <= pin <= demand + 128 * arch.kv_bytes_per_token(2)
+    assert kv_pin_bytes(arch, WORKLOADS[1:], "bf16") < pin  # one 32K-context sequence needs fewer tokens than 256 x 1,280
+    gpu = EngineSettings(engine="vllm", dtype="bf16", max_model_len=17408, max_num_seqs=256, max_num_batched_tokens=8192, kv_cache_gib=0)
+    kv_tokens = pin // arch.kv_bytes_per_token(2)
+    # RSS on a GPU node splits nothing; the device footprint splits into weights, the KV cache, and the rest
+    assert memory_split(arch, gpu, kv_tokens, peak_bytes=3 * 2**30) == {}
+    split = memory_split(arch, gpu, kv_tokens, peak_bytes=3 * 2**30, device_gib=2.0)
+    assert split["weights_gib"] == pytest.approx(arch.num_params() * 2 / 2**30)
+    assert split["kv_alloc_gib"] == pytest.approx(pin / 2**30, rel=1e-6)
+    assert sum(split.values()) == pytest.approx(2.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,20 @@ def test_a_fit_reports_its_error_beside_the_noise_of_its_measurements(tmp_path: 
     fitted = FittedCostModel(space(), hw, wl, record).predict(space().largest())["memory_gib"]
     analytic = AnalyticCostModel(space(), hw, wl).predict(space().largest())["memory_gib"]
     assert fitted - analytic == pytest.approx(runtime["median"] - hw.memory_overhead_gib)
+
+
+def test_a_pinned_kv_cache_is_not_a_capacity_measurement() -> None:
+    """A GPU engine's KV cache is pinned to the workload's demand, so the capacity it reports is the pin: the fit's
+    measurements leave it out (NaN, skipped by validation) instead of scoring the model's capacity against it."""
+    import pandas as pd
+
+    from autocompress.cost.design import to_measurements
+
+    wl, arch = WORKLOADS[0], space().largest()
+    row = {"architecture": arch.to_json(), "role": "fit", "workload": wl.name, "status": "ok"}
+    row |= {"ttft_ms": 10.0, "tpot_ms": 1.0, "throughput_tok_s": 100.0, "kv_capacity_tokens": 4096.0}
+    table = pd.DataFrame([row | {"kv_pinned_gib": None}, row | {"kv_pinned_gib": 0.5}])
+    cpu, gpu = to_measurements(table, "fit", {wl.name: wl})
+    assert cpu.values["kv_capacity_tokens"] == 4096.0 and math.isnan(gpu.values["kv_capacity_tokens"])
+    assert gpu.values["tpot_ms"] == 1.0  # the timings are measurements all the same
+    assert "kv_capacity_tokens" not in validate(space(), TRUE, [gpu]) and "kv_capacity_tokens" in validate(space(), TRUE, [cpu])

@@ -123,6 +123,10 @@ def test_engine_reports_what_the_architecture_needs(measured: dict[str, Any]) ->
         assert row["weights_gib"] == pytest.approx(arch.num_params() * 4 / 2**30)
         assert row["kv_alloc_gib"] == pytest.approx(1.0, rel=0.02) and row["runtime_gib"] > 0.2
         assert row["weights_gib"] + row["kv_alloc_gib"] + row["runtime_gib"] == pytest.approx(row["peak_gib"])
+        # the engine's own KV tensors (read in its worker over collective_rpc) are the size its block count implies
+        assert row["engine_kv_gib"] == pytest.approx(row["kv_alloc_gib"], rel=1e-6)
+        # a CPU engine: RSS is the footprint, the KV cache is VLLM_CPU_KVCACHE_SPACE, the weights sit in oneDNN handles
+        assert "device_gib" not in row and "engine_weights_gib" not in row and row["kv_pinned_gib"] is None
         assert len(row["tpot_waves_ms"]) == 15 and row["tpot_ms"] == pytest.approx(float(np.median(row["tpot_waves_ms"])))
         assert row["throughput_tok_s"] == pytest.approx(2 * 8 / (row["ttft_ms"] + 7 * row["tpot_ms"]) * 1e3, rel=0.3)
 

@@ -41,6 +41,12 @@ def test_measured_feasibility_strict_and_within_noise() -> None:
     gpu = measured_columns([ROW | {"host_memory_only": True}], (Constraint("ttft_ms", 120.0), Constraint("memory_gib", 1.0)))
     assert "measured_memory_gib" not in gpu and gpu["unverified_constraints"] == "memory_gib"  # RSS is host memory on a GPU node
     assert gpu["feasible_measured"]  # judged on what was measured; the 1 GiB bound that 2 GiB of RSS would break is not applied
+    # with the engine's device accounting a GPU row measures memory from it, never from RSS; a pinned KV cache's
+    # capacity is the pin, not a measurement
+    device = ROW | {"host_memory_only": True, "device_gib": 1.5, "kv_pinned_gib": 0.25}
+    assert measured_metrics(device) == {"ttft_ms": 100.0, "tpot_ms": 10.0, "throughput_tok_s": 50.0, "memory_gib": 1.5}
+    judged = measured_columns([device], (Constraint("ttft_ms", 120.0), Constraint("memory_gib", 1.0)))
+    assert judged["measured_memory_gib"] == 1.5 and not judged["feasible_measured"] and not judged.get("unverified_constraints")
     failed = measured_columns([{"status": "failed", "error": "engine died"}], (Constraint("tpot_ms", 8.0),))
     assert failed["verify_status"] == "failed" and not failed["feasible_measured"]
 

@@ -185,11 +185,16 @@ def _rows(table: pd.DataFrame, role: str, workloads: dict[str, Workload]) -> pd.
 
 
 def to_measurements(table: pd.DataFrame, role: str, workloads: dict[str, Workload]) -> list[Measurement]:
+    """The rows of `role` as measurements. A GPU engine's KV cache is pinned to the workload's demand
+    (cost/engine.py), so its capacity is the pin, not a measurement of the model's capacity term: left out (NaN)."""
     ok = _rows(table, role, workloads)
-    return [
-        Measurement(Architecture.from_json(r.architecture), workloads[r.workload], {k: float(getattr(r, k)) for k in MEASURED})
-        for r in ok.itertuples()
-    ]
+    out = []
+    for r in ok.itertuples():
+        values = {k: float(getattr(r, k)) for k in MEASURED}
+        if pd.notna(getattr(r, "kv_pinned_gib", None)):
+            values["kv_capacity_tokens"] = float("nan")
+        out.append(Measurement(Architecture.from_json(r.architecture), workloads[r.workload], values))
+    return out
 
 
 def fit_and_save(spec: RunSpec, space: SearchSpace, table: pd.DataFrame, workloads: list[Workload], settings: EngineSettings) -> Path:

