@@ -74,8 +74,8 @@ class EngineSettings:
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
-    kv_cache_gib: float  # CPU: VLLM_CPU_KVCACHE_SPACE; GPU: ignored (gpu_memory_utilization decides)
-    gpu_memory_utilization: float = 0.9
+    kv_cache_gib: float  # CPU: VLLM_CPU_KVCACHE_SPACE; GPU: ignored (the KV cache is pinned per architecture: kv_pin_bytes)
+    gpu_memory_utilization: float = 0.9  # GPU engines started without a KV pin only
     warmup: int = 1
     repeats: int = 3
     timeout_s: float = 900.0
