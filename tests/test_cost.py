@@ -168,10 +168,10 @@ def test_a_gpu_engine_is_given_the_kv_cache_the_cost_model_counts() -> None:
     from autocompress.cost.engine import EngineSettings, kv_pin_bytes, memory_split
 
     arch = smollm2_space().largest()
-    pin = kv_pin_bytes(arch, WORKLOADS, "bf16", block=64)
+    pin = kv_pin_bytes(arch, WORKLOADS, 2, block=64)
     demand = max(w.kv_tokens for w in WORKLOADS) * arch.kv_bytes_per_token(2)
     assert demand + 64 * arch.kv_bytes_per_token(2) <= pin <= demand + 128 * arch.kv_bytes_per_token(2)
-    assert kv_pin_bytes(arch, WORKLOADS[1:], "bf16") < pin  # one 32K-context sequence needs fewer tokens than 256 x 1,280
+    assert kv_pin_bytes(arch, WORKLOADS[1:], 2) < pin  # one 32K-context sequence needs fewer tokens than 256 x 1,280
     gpu = EngineSettings(engine="vllm", dtype="bf16", max_model_len=17408, max_num_seqs=256, max_num_batched_tokens=8192, kv_cache_gib=0)
     kv_tokens = pin // arch.kv_bytes_per_token(2)
     # RSS on a GPU node splits nothing; the device footprint splits into weights, the KV cache, and the rest

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import math
 import os
 import shutil
 import statistics
@@ -223,16 +224,17 @@ def _measure_workload(llm: Any, workload: Workload, vocab: int, settings: Engine
     }
 
 
-def kv_pin_bytes(arch: Architecture, workloads: list[Workload], dtype: str, block: int = 64) -> int:
+def kv_pin_bytes(arch: Architecture, workloads: list[Workload], value_bytes: float, block: int = 64) -> int:
     """The KV cache a GPU engine is given for `arch` (vLLM's kv_cache_memory_bytes): what the workloads need.
 
-    The tokens the cost model and serving.json count (`Workload.kv_tokens`, the largest of the workloads),
-    rounded up to whole blocks of `block` tokens plus one block, so the engine's block division never
-    leaves it a block short; times this architecture's KV bytes per token.
+    The tokens the cost model counts (`Workload.kv_tokens`, the largest of the workloads), rounded up to
+    whole blocks of `block` tokens plus one block, so the engine's block division never leaves it a block
+    short; times this architecture's KV bytes per token at `value_bytes` per cached value. Measuring and
+    serving.json use the same pin.
     """
     tokens = max(w.kv_tokens for w in workloads)
     tokens = (-(-tokens // block) + 1) * block
-    return int(tokens * arch.kv_bytes_per_token(DTYPE_BYTES[dtype]))
+    return math.ceil(tokens * arch.kv_bytes_per_token(value_bytes))
 
 
 def _start_engine(ckpt: Path, settings: EngineSettings, kv_bytes: int | None = None) -> Any:
@@ -295,7 +297,7 @@ def measure_in_process(
     try:
         ckpt = write_checkpoint(arch, tmp / "ckpt", LlamaConfig(**base_config))
         gpu = settings.engine != "vllm-cpu"
-        kv_pin = kv_pin_bytes(arch, workloads, settings.dtype) if gpu else None
+        kv_pin = kv_pin_bytes(arch, workloads, DTYPE_BYTES[settings.dtype]) if gpu else None
         with _PeakRSS() as rss:
             start = time.time()
             llm = _start_engine(ckpt, settings, kv_pin)
