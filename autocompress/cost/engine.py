@@ -318,7 +318,10 @@ def measure_in_process(
                     t0 = time.time()
                     row = _measure_workload(llm, wl, arch.vocab_size, settings)
                     rows.append({**common, **row, "workload": wl.name, "measure_s": time.time() - t0})
-                acct = engine_accounting(llm)  # after the waves: the device allocator's peak includes them
+                try:  # after the waves: the device allocator's peak includes them
+                    acct: dict[str, Any] = engine_accounting(llm)
+                except Exception as exc:  # vLLM internals moved: keep the timings, leave memory unmeasured (never RSS on a GPU)
+                    acct = {"memory_accounting_error": f"{type(exc).__name__}: {exc}"}
             finally:
                 _shutdown(llm)
         for row in rows:
