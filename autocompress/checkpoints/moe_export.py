@@ -60,8 +60,16 @@ def export_moe(row: dict[str, Any], spec: RunSpec, out: Path, overwrite: bool, v
 
 @torch.no_grad()
 def reload_checked(pruned: Any, folder: Path, ids: torch.Tensor) -> Any:
-    """The checkpoint `pruned` was saved to in `folder`, loaded back; ExportError unless its logits on `ids` equal `pruned`'s."""
+    """The checkpoint `pruned` was saved to in `folder`, loaded back; ExportError unless its logits on `ids` equal `pruned`'s.
+
+    The loaded tensors are copied into fresh storage first: safetensors maps them from the file at offsets that need not
+    be 64-byte aligned, and on some CPUs (an AVX-512 BF16 EPYC here) the GEMM kernels round differently for misaligned
+    operands (logits 2.9e-6 apart from the same weights; the aligned copies equal the pruned model's bit for bit). The
+    check is about the file's contents, so it compares them in the same memory layout, exactly.
+    """
     reloaded = type(pruned).from_pretrained(folder, dtype=torch.float32).eval()
+    for t in [*reloaded.parameters(), *reloaded.buffers()]:
+        t.data = t.data.clone()
     if not torch.equal(reloaded(ids, use_cache=False).logits, pruned(ids, use_cache=False).logits):
         raise ExportError(f"the checkpoint written to {folder} does not load back to the pruned model's logits")
     return reloaded
