@@ -408,7 +408,7 @@ def measure_costs(job: CompareJob, ctx: Context, models: list[Model], out: Path,
     measured = json.loads(path.read_text())
     for m in models:
         m.measured = measured.get(m.name, {})
-    return f"measured in {hw.engine} ({wl.name}, medians of 3 waves; memory = peak resident)"
+    return f"measured in {hw.engine} ({wl.name}, medians of 3 waves; memory = peak resident on a CPU, the device footprint on a GPU)"
 
 
 def _measure(ctx: Context, models: list[Model], path: Path) -> None:

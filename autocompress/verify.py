@@ -55,11 +55,14 @@ def measured_columns(rows: list[dict[str, Any]], constraints: tuple[Constraint, 
     cols |= {f"measured_{k}_spread": v for k, v in measured_spreads(row).items()}
     if row.get("cpu"):
         cols["measured_on_cpu"] = row["cpu"]  # CPUs of one kind differ several-fold
-    # CPU engines: the peak RSS split into weights, the KV cache the engine allocated, and the runtime's baseline
+    # the footprint (peak RSS on a CPU, the device footprint on a GPU) split into weights, the KV cache the engine
+    # allocated, and the rest
     cols |= {f"measured_{k}": row[k] for k in ("weights_gib", "kv_alloc_gib", "runtime_gib") if row.get(k) is not None}
+    if row.get("memory_accounting_error"):  # why a GPU row has no memory verdict
+        cols["verify_memory_error"] = row["memory_accounting_error"]
     strict, loose, unverified = True, True, []
     for c in constraints:
-        if f"measured_{c.metric}" not in cols:  # memory on a GPU node: RSS is host memory, no verdict from it
+        if f"measured_{c.metric}" not in cols:  # memory on a GPU node without the engine's figure: never from RSS
             unverified.append(c.metric)
             continue
         value = cols[f"measured_{c.metric}"]

@@ -179,4 +179,40 @@ def test_a_gpu_engine_is_given_the_kv_cache_the_cost_model_counts() -> None:
     split = memory_split(arch, gpu, kv_tokens, peak_bytes=3 * 2**30, device_gib=2.0)
     assert split["weights_gib"] == pytest.approx(arch.num_params() * 2 / 2**30)
     assert split["kv_alloc_gib"] == pytest.approx(pin / 2**30, rel=1e-6)
-    assert sum(split.values()) == pytest.approx(2.0)
+    # the rest is the device footprint's (2 GiB), not the 3 GiB of host RSS
+    assert split["runtime_gib"] == pytest.approx(2.0 - (arch.num_params() * 2 + pin) / 2**30, rel=1e-9)
+    assert kv_pin_bytes(arch, WORKLOADS, 2) == kv_pin_bytes(arch, WORKLOADS, 2, block=256)  # the default: any block size divides it
+
+
+def test_the_engine_accounting_reads_the_workers_tensors_and_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker mix-in on a GPU (faked: torch.cuda and a runner with vLLM's attribute names): weights from vLLM's load
+    figure, KV tensors counted once per storage, the footprint = allocator peak + what lies outside the allocator now."""
+    from autocompress.cost.engine import engine_accounting
+    from autocompress.cost.vllm_worker import METHOD, MemoryAccounting
+
+    gib = 2**30
+    shared = torch.zeros(1024, dtype=torch.bfloat16)  # two layers' views of one storage: 2 KiB once
+
+    class Runner:
+        def __init__(self) -> None:
+            self.kv_caches = [shared[:512], shared[512:], torch.zeros(256, dtype=torch.float32)]
+            self.model_memory_usage = 3 * gib
+
+        def get_model(self) -> torch.nn.Module:
+            return torch.nn.Linear(4, 4)
+
+    worker = MemoryAccounting()
+    worker.model_runner = Runner()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (70 * gib, 80 * gib))  # 10 GiB used on the device
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 9 * gib)  # 1 GiB outside the allocator
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: 12 * gib)
+
+    class LLM:
+        def collective_rpc(self, method: str) -> list[dict[str, object]]:
+            assert method == METHOD
+            return [worker.autocompress_memory()]
+
+    acct = engine_accounting(LLM())
+    assert acct["engine_kv_gib"] == pytest.approx((2048 + 1024) / gib) and acct["engine_weights_gib"] == 3.0
+    assert acct["device_gib"] == 13.0 and acct["device_total_gib"] == 80.0

@@ -231,10 +231,10 @@ def test_a_gpu_export_pins_the_kv_cache_to_what_the_workload_needs(tmp_path: Pat
     e = Exported(tmp_path / "m", "decilm", GOOD, GOOD, {"memory_gib": 3.5}, {}, spec, tmp_path, True, None)
     settings = serving_settings(e)
     # GOOD keeps 2 + 1 + 2 KV heads of 16: 2 (K, V) * 5 * 16 * 2 bytes per token; the engine gets the wave's tokens
-    # rounded up to whole 64-token blocks plus one, as profile and verify measured it
+    # rounded up to whole 256-token blocks plus one, as profile and verify measured it
     per_token, tokens = 2 * 5 * 16 * 2, wl.concurrency * (wl.prompt_len + wl.output_len)
     assert settings["kv_cache_bytes"] == per_token * tokens
-    assert settings["vllm_args"]["kv_cache_memory_bytes"] == per_token * ((-(-tokens // 64) + 1) * 64)
+    assert settings["vllm_args"]["kv_cache_memory_bytes"] == per_token * ((-(-tokens // 256) + 1) * 256)
     assert settings["env"] == {} and settings["vllm_args"]["dtype"] == "bfloat16"
     assert serve_command(e).startswith(f"vllm serve {tmp_path / 'm'} --max-model-len {wl.context_len} ")
     assert "--trust-remote-code" in serve_command(e) and "--kv-cache-memory-bytes" in serve_command(e)

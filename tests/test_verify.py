@@ -47,6 +47,8 @@ def test_measured_feasibility_strict_and_within_noise() -> None:
     assert measured_metrics(device) == {"ttft_ms": 100.0, "tpot_ms": 10.0, "throughput_tok_s": 50.0, "memory_gib": 1.5}
     judged = measured_columns([device], (Constraint("ttft_ms", 120.0), Constraint("memory_gib", 1.0)))
     assert judged["measured_memory_gib"] == 1.5 and not judged["feasible_measured"] and not judged.get("unverified_constraints")
+    broken = measured_columns([ROW | {"host_memory_only": True, "memory_accounting_error": "AttributeError: kv_caches"}], ())
+    assert "measured_memory_gib" not in broken and broken["verify_memory_error"] == "AttributeError: kv_caches"  # said, not hidden
     failed = measured_columns([{"status": "failed", "error": "engine died"}], (Constraint("tpot_ms", 8.0),))
     assert failed["verify_status"] == "failed" and not failed["feasible_measured"]
 

