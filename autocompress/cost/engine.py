@@ -360,13 +360,15 @@ def memory_split(
     `memory_overhead_gib`. On a GPU node RSS is host memory, so the whole is the device footprint
     (`device_gib`) and the rest is activations, CUDA context and library workspaces; without it, no split.
     """
+    if settings.engine == "vllm-cpu":
+        total = float(peak_bytes)
+    elif device_gib is not None:
+        total = device_gib * 2**30
+    else:
+        return {}
     weights = arch.num_params() * DTYPE_BYTES[settings.dtype]
     kv = kv_tokens * arch.kv_bytes_per_token(DTYPE_BYTES[settings.dtype])
-    if settings.engine != "vllm-cpu":
-        if device_gib is None:
-            return {}
-        return {"weights_gib": weights / 2**30, "kv_alloc_gib": kv / 2**30, "runtime_gib": device_gib - (weights + kv) / 2**30}
-    return {"weights_gib": weights / 2**30, "kv_alloc_gib": kv / 2**30, "runtime_gib": (peak_bytes - weights - kv) / 2**30}
+    return {"weights_gib": weights / 2**30, "kv_alloc_gib": kv / 2**30, "runtime_gib": (total - weights - kv) / 2**30}
 
 
 def make_actor_class(settings: EngineSettings) -> Any:
