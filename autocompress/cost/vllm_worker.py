@@ -51,7 +51,6 @@ class MemoryAccounting:
             out |= {
                 "weights_bytes": int(load) if load else _storage_bytes(model.parameters()),
                 "device_total_bytes": int(total),
-                "device_used_bytes": int(total - free),
                 "torch_peak_reserved_bytes": int(torch.cuda.max_memory_reserved()),
                 # everything on the device outside torch's allocator (context, library workspaces), now
                 "non_torch_bytes": int(max(0, total - free - reserved)),
