@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SCENARIO ?= h100_batched
+# The demo searches 24 steps, a quarter of the default (conf/search/default.yaml: 96), to stay within 15 minutes
+# from a fresh clone on 2 cores; the longer search is the better one (docs/benchmarks.md, "search levers").
+DEMO_ARGS ?= search.steps=24
 
 .PHONY: install install-test demo test lint typecheck clean
 
@@ -29,7 +32,7 @@ $(VENV)/.installed-test: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 demo: install
-	$(BIN)/python -m autocompress.sweep +scenario=$(SCENARIO)
+	$(BIN)/python -m autocompress.sweep +scenario=$(SCENARIO) $(DEMO_ARGS)
 
 # pytest's own exit status: 5 (no test collected) fails too, so CI never passes on a run without tests.
 # Two workers: much of the suite waits on process starts (Ray, vLLM, the CLI's imports) with a core idle;
