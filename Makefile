@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 SCENARIO ?= h100_batched
 # The demo searches 24 steps, a quarter of the default (conf/search/default.yaml: 96), to stay within 15 minutes
-# from a fresh clone on 2 cores; the longer search is the better one (docs/benchmarks.md, "search levers").
+# from a fresh clone on 2 cores; the longer search is the better one (docs/benchmarks.md, "the search's own levers").
 DEMO_ARGS ?= search.steps=24
 
 .PHONY: install install-test demo test lint typecheck clean
