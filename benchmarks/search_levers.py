@@ -31,27 +31,48 @@ from autocompress.config.compose import compose_spec
 from autocompress.config.cpuinfo import identity as cpu
 from autocompress.config.schema import LagrangianSettings
 from autocompress.cost.base import meets
+from autocompress.io import write_json
 from autocompress.search.differentiable import run_search
 from autocompress.search.prepare import prepare
 
-GRID = [LagrangianSettings(dual_lr=d, seed=s) for s in (0, 1) for d in (0.5, 2.0)]
+DUAL_STEPS = (0.5, 2.0)  # the default grid's dual steps; margin 0 (at the bounds); seeds base and base + 1
 SETTINGS_KEYS = {f.name for f in dataclasses.fields(LagrangianSettings)}
-PREPARE_PREFIXES = ("data.", "search.importance_sequences", "model.", "cost_model")
+# Overrides that change only the search itself: levers that differ in nothing else share one preparation
+# (text, teacher outputs, importance ranking, space, cost model and bounds); any other override prepares again.
+SEARCH_ONLY = (
+    "search.steps",
+    "search.batch_size",
+    "search.init_bias",
+    "search.straight_through",
+    "search.settle_steps",
+    "search.candidates",
+    "search.fill",
+    "search.threads",
+    "search.probe_sequences",
+    "search.settings.",
+)
 
 
 def parse_lever(text: str) -> tuple[str, list[str]]:
-    """NAME=OVERRIDE[,OVERRIDE...]: e.g. steps96=search.steps=96 or tau=tau_end=0.3 (a Lagrangian setting)."""
+    """NAME=OVERRIDE[,OVERRIDE...] (no list values): e.g. steps96=search.steps=96; a bare Lagrangian setting
+    (tau03=tau_end=0.3) means search.settings.tau_end=0.3."""
     name, _, rest = text.partition("=")
     if not name:
         raise SystemExit(f"--lever {text!r}: give NAME=OVERRIDES (e.g. steps96=search.steps=96), or NAME= for the defaults")
-    return name, [o for o in rest.split(",") if o]
+    overrides = [o for o in rest.split(",") if o]
+    return name, [f"search.settings.{o}" if o.partition("=")[0] in SETTINGS_KEYS else o for o in overrides]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", required=True)
-    parser.add_argument("--lever", action="append", required=True, help="NAME=OVERRIDES, comma-separated; a bare key=value "
-                        "whose key is a Lagrangian setting (tau_end, lr, ...) changes every search's settings")
+    parser.add_argument(
+        "--lever",
+        action="append",
+        required=True,
+        help="NAME=OVERRIDES, comma-separated; a bare key=value "
+        "whose key is a Lagrangian setting (tau_end, lr, ...) sets search.settings.KEY",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--note", default="", help="what else shared the machine")
     parser.add_argument("--out", type=Path, default=None)
@@ -59,27 +80,36 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out_path = args.out or Path(f"benchmarks/results/search_levers_{args.scenario}.json")
-    out: dict[str, Any] = {"scenario": args.scenario, "levers": {}}
-    if out_path.exists():  # levers already measured are kept (a rerun adds the missing ones)
+    out: dict[str, Any] = {"scenario": args.scenario, "common": args.overrides, "levers": {}}
+    if out_path.exists():  # levers already measured are kept (a rerun adds the missing ones), never mixed with others
         out = json.loads(out_path.read_text())
+        if out.get("scenario") != args.scenario or out.get("common") != args.overrides:
+            raise SystemExit(f"{out_path} holds levers measured with other common overrides; give another --out")
+    levers = list(map(parse_lever, args.lever))
+    for name, overrides in levers:
+        if name in out["levers"] and out["levers"][name]["overrides"] != overrides:
+            raise SystemExit(
+                f"{out_path} holds lever {name} with {out['levers'][name]['overrides']}; rename the lever or give another --out"
+            )
     cache: dict[tuple[str, ...], Any] = {}
-    for name, overrides in map(parse_lever, args.lever):
+    for name, overrides in levers:
         if name in out["levers"]:
             print(f"{name}: already in {out_path}, kept", flush=True)
             continue
-        settings_overrides = {k: type(getattr(LagrangianSettings(), k))(v) for k, _, v in (o.partition("=") for o in overrides) if k in SETTINGS_KEYS}
-        hydra = [o for o in overrides if o.partition("=")[0] not in SETTINGS_KEYS]
-        spec = compose_spec(f"+scenario={args.scenario}", "search.homogeneous_candidate=false", *args.overrides, *hydra)
-        key = tuple(sorted(o for o in hydra if o.startswith(PREPARE_PREFIXES)))
+        every = [*args.overrides, *overrides]
+        spec = compose_spec(f"+scenario={args.scenario}", "search.homogeneous_candidate=false", *every)
+        if spec.search.start != "base":
+            raise SystemExit(f"lever {name}: search.start={spec.search.start} needs the rival, which this benchmark turns off")
+        key = tuple(sorted(o for o in every if not o.lstrip("+").startswith(SEARCH_ONLY)))
         if key not in cache:
             cache.clear()  # one preparation in memory at a time
             start = time.time()
             cache[key] = prepare(spec, progress=False)
             print(f"{name}: prepared in {time.time() - start:.0f}s", flush=True)
         p = cache[key]
+        base = spec.search.settings
         rows: list[dict[str, Any]] = []
-        for base in GRID:
-            settings = dataclasses.replace(base, **settings_overrides)
+        for settings in [dataclasses.replace(base, margin=0.0, dual_lr=d, seed=base.seed + s) for s in (0, 1) for d in DUAL_STEPS]:
             res = run_search(p.base.model, p.inputs, p.cost_model, spec.search, settings)
             row = {"settings": dataclasses.asdict(settings), "kl_select": res.kl_select, "kl_report": res.kl}
             row |= {"params": res.architecture.num_params(), "feasible": meets(p.cost_model, p.inputs.constraints, res.architecture)}
@@ -94,15 +124,10 @@ def main() -> None:
             "mean_kl_select": statistics.fmean(r["kl_select"] for r in rows),
             "mean_kl_report": statistics.fmean(r["kl_report"] for r in rows),
             "search_s": sum(r["wall_s"] for r in rows),
-        }
-        out["_run"] = {
-            "command": "benchmarks/search_levers.py --scenario " + args.scenario + " " + " ".join(args.overrides),
             "cpu": {**cpu(), "threads": args.threads, "shared_with": args.note},
         }
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(out, indent=1))
-        tmp.replace(out_path)  # written after every lever: an interrupted run keeps what it measured
+        out["command"] = "benchmarks/search_levers.py --scenario " + args.scenario + " " + " ".join(args.overrides)
+        write_json(out, out_path)  # after every lever: an interrupted run keeps what it measured
 
 
 if __name__ == "__main__":
