@@ -30,7 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from autocompress.config.compose import compose_spec
 from autocompress.config.cpuinfo import identity as cpu
 from autocompress.config.schema import LagrangianSettings
-from autocompress.cost.base import meets
 from autocompress.io import write_json
 from autocompress.search.differentiable import run_search
 from autocompress.search.prepare import prepare
@@ -112,7 +111,7 @@ def main() -> None:
         for settings in [dataclasses.replace(base, margin=0.0, dual_lr=d, seed=base.seed + s) for s in (0, 1) for d in DUAL_STEPS]:
             res = run_search(p.base.model, p.inputs, p.cost_model, spec.search, settings)
             row = {"settings": dataclasses.asdict(settings), "kl_select": res.kl_select, "kl_report": res.kl}
-            row |= {"params": res.architecture.num_params(), "feasible": meets(p.cost_model, p.inputs.constraints, res.architecture)}
+            row |= {"params": res.architecture.num_params(), "feasible": all(res.feasible.values())}
             row |= {"repair_steps": res.repair_steps, "fill_steps": res.fill_steps, "wall_s": round(res.wall_s, 1)}
             rows.append(row)
             print(f"{name}: {json.dumps(row)}", flush=True)
