@@ -1,6 +1,6 @@
 """Issue 15 item 7: which lever of the search itself moves report-split KL at the same bounds?
 
-Runs the default grid's four searches at the bounds (margin 0; dual steps 0.5 and 2.0; seeds 0 and 1)
+Runs the grid's searches at the bounds (margin 0; each of the sweep grid's dual steps, by default 0.5 and 2.0; seeds 0 and 1)
 once per lever, each lever a set of Hydra overrides on top of the scenario (search budget, temperature
 schedule, importance estimate, calibration size). The homogeneous rival is off: every row is the
 search's own result (repaired and filled), which is what a lever can change. Levers that change the
@@ -20,6 +20,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,6 @@ from autocompress.io import write_json
 from autocompress.search.differentiable import run_search
 from autocompress.search.prepare import prepare
 
-DUAL_STEPS = (0.5, 2.0)  # the default grid's dual steps; margin 0 (at the bounds); seeds base and base + 1
 SETTINGS_KEYS = {f.name for f in dataclasses.fields(LagrangianSettings)}
 # Overrides that change only the search itself: levers that differ in nothing else share one preparation
 # (text, teacher outputs, importance ranking, space, cost model and bounds); any other override prepares again.
@@ -50,6 +50,15 @@ SEARCH_ONLY = (
     "search.probe_sequences",
     "search.settings.",
 )
+
+
+def dual_steps(definition: Mapping[str, Any]) -> list[float]:
+    """The sweep grid's dual steps (conf/sweep/definition/grid.yaml): each is searched at margin 0 with seeds base
+    and base + 1, as the default sweep runs them."""
+    steps = definition.get("grid", {}).get("dual_lr") if definition.get("searcher") == "grid" else None
+    if not steps:
+        raise SystemExit("search_levers takes its dual steps from the sweep grid; use sweep/definition=grid with grid.dual_lr set")
+    return [float(d) for d in steps]
 
 
 def parse_lever(text: str) -> tuple[str, list[str]]:
@@ -108,7 +117,8 @@ def main() -> None:
         p = cache[key]
         base = spec.search.settings
         rows: list[dict[str, Any]] = []
-        for settings in [dataclasses.replace(base, margin=0.0, dual_lr=d, seed=base.seed + s) for s in (0, 1) for d in DUAL_STEPS]:
+        steps = dual_steps(spec.sweep.definition)
+        for settings in [dataclasses.replace(base, margin=0.0, dual_lr=d, seed=base.seed + s) for s in (0, 1) for d in steps]:
             res = run_search(p.base.model, p.inputs, p.cost_model, spec.search, settings)
             row = {"settings": dataclasses.asdict(settings), "kl_select": res.kl_select, "kl_report": res.kl}
             row |= {"params": res.architecture.num_params(), "feasible": all(res.feasible.values())}
