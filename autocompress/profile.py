@@ -10,6 +10,7 @@ and is used automatically by later sweeps on that hardware.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import hydra
@@ -38,9 +39,17 @@ from autocompress.model.base import load_base_model
 # --------------------------------------------------------------------------- entry point
 
 
+def profiled_workloads(spec: RunSpec) -> list[Workload]:
+    """The scenario's workload and `profile.extra_workloads`. The extras share its engine starts, so they take its
+    dtype and KV dtype (a command-line workload.kv_dtype=fp8 reaches them too); their files give their shapes."""
+    wl = spec.scenario.workload
+    extra = [dataclasses.replace(load_workload(n), dtype=wl.dtype, kv_dtype=wl.kv_dtype) for n in spec.profile.extra_workloads]
+    return [wl, *extra]
+
+
 def run_profile(spec: RunSpec) -> Path | None:
     hw = spec.scenario.hardware
-    workloads = [spec.scenario.workload, *(load_workload(n) for n in spec.profile.extra_workloads)]
+    workloads = profiled_workloads(spec)
     settings = settings_for(spec.profile, hw, workloads)
     if spec.profile.source == "aiconfigurator":
         return profile_aiconfigurator(spec, workloads)

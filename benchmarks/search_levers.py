@@ -35,6 +35,7 @@ from autocompress.io import write_json
 from autocompress.search.differentiable import run_search
 from autocompress.search.prepare import prepare
 
+LEGACY_DUAL_STEPS = [0.5, 2.0]  # what files written before "dual_steps" was stored were searched at
 SETTINGS_KEYS = {f.name for f in dataclasses.fields(LagrangianSettings)}
 # Overrides that change only the search itself: levers that differ in nothing else share one preparation
 # (text, teacher outputs, importance ranking, space, cost model and bounds); any other override prepares again.
@@ -88,11 +89,15 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out_path = args.out or Path(f"benchmarks/results/search_levers_{args.scenario}.json")
-    out: dict[str, Any] = {"scenario": args.scenario, "common": args.overrides, "levers": {}}
+    steps = dual_steps(compose_spec(f"+scenario={args.scenario}", *args.overrides).sweep.definition)
+    out: dict[str, Any] = {"scenario": args.scenario, "common": args.overrides, "dual_steps": steps, "levers": {}}
     if out_path.exists():  # levers already measured are kept (a rerun adds the missing ones), never mixed with others
         out = json.loads(out_path.read_text())
         if out.get("scenario") != args.scenario or out.get("common") != args.overrides:
             raise SystemExit(f"{out_path} holds levers measured with other common overrides; give another --out")
+        stored = out.setdefault("dual_steps", LEGACY_DUAL_STEPS)
+        if stored != steps:
+            raise SystemExit(f"{out_path} holds levers searched at dual steps {stored}, the sweep grid now has {steps}; give another --out")
     levers = list(map(parse_lever, args.lever))
     for name, overrides in levers:
         if name in out["levers"] and out["levers"][name]["overrides"] != overrides:
@@ -106,6 +111,8 @@ def main() -> None:
             continue
         every = [*args.overrides, *overrides]
         spec = compose_spec(f"+scenario={args.scenario}", "search.homogeneous_candidate=false", *every)
+        if dual_steps(spec.sweep.definition) != steps:
+            raise SystemExit(f"lever {name} changes the grid's dual steps; levers must share them to be compared")
         if spec.search.start != "base":
             raise SystemExit(f"lever {name}: search.start={spec.search.start} needs the rival, which this benchmark turns off")
         key = tuple(sorted(o for o in every if not o.lstrip("+").startswith(SEARCH_ONLY)))
@@ -117,7 +124,6 @@ def main() -> None:
         p = cache[key]
         base = spec.search.settings
         rows: list[dict[str, Any]] = []
-        steps = dual_steps(spec.sweep.definition)
         for settings in [dataclasses.replace(base, margin=0.0, dual_lr=d, seed=base.seed + s) for s in (0, 1) for d in steps]:
             res = run_search(p.base.model, p.inputs, p.cost_model, spec.search, settings)
             row = {"settings": dataclasses.asdict(settings), "kl_select": res.kl_select, "kl_report": res.kl}

@@ -59,7 +59,7 @@ def test_kv_heads_the_tables_lack_are_interpolated_and_no_op_blocks_cost_nothing
         assert three[key] == pytest.approx((two[key] + four[key]) / 2, rel=1e-9)
     arch = llama(kv=2, heads=6)
     dropped = dataclasses.replace(arch, blocks=(Block(2, 0), *arch.blocks[1:]))
-    block = h100.ffn(arch, 1536, 8, WORKLOAD.prompt_len, WORKLOAD.output_len, None)
+    block = h100.ffn(arch, 1536, 8, WORKLOAD.prompt_len, WORKLOAD.output_len, (None, None))
     assert h100.estimate(dropped, WORKLOAD, 8)["tpot_ms"] == pytest.approx(two["tpot_ms"] - block[1], rel=1e-9)
 
 
@@ -167,3 +167,14 @@ def test_a_run_judged_by_the_analytic_model_keeps_it_after_fits_ship() -> None:
     assert cost_model_choice("auto", "analytic/h100_sxm/v1") == "analytic"
     assert cost_model_choice("auto", "fitted/h100_sxm/vllm/v1/aiconfigurator") == "auto"
     assert cost_model_choice("/a/fit.json", "analytic/h100_sxm/v1") == "/a/fit.json"  # an explicit choice stays
+
+
+def test_an_fp8_kv_cache_is_estimated_apart_from_the_weights_dtype(h100: Estimator) -> None:
+    """workload.kv_dtype=fp8 with bf16 weights: aiconfigurator's fp8-KV tables (decode reads half the cache bytes),
+    not the bf16 ones, and not its fp8-GEMM tables either (the weights stay bf16)."""
+    arch = llama(kv=4, heads=8)
+    bf16 = h100.estimate(arch, WORKLOAD, batch=64)
+    fp8_kv = h100.estimate(arch, dataclasses.replace(WORKLOAD, kv_dtype="fp8"), batch=64)
+    fp8_all = h100.estimate(arch, dataclasses.replace(WORKLOAD, dtype="fp8", kv_dtype="fp8"), batch=64)
+    assert fp8_kv["tpot_ms"] < 0.95 * bf16["tpot_ms"]
+    assert fp8_kv["tpot_ms"] != pytest.approx(fp8_all["tpot_ms"], rel=1e-3)

@@ -99,6 +99,10 @@ def test_grid_points_cut_and_cycle() -> None:
         (["sweep.memory_per_trial_gib=0"], "sweep.memory_per_trial_gib must be > 0"),
         (["sweep.pending_timeout_s=nan"], "sweep.pending_timeout_s must be a finite number"),
         (["sweep.pending_warn_s=-1"], "sweep.pending_warn_s must be > 0"),
+        (
+            ["workload.kv_dtype=fp32"],
+            "workload.kv_dtype='fp32' cannot be served by vllm with dtype='bf16'",
+        ),  # before a sweep, not at export
     ],
 )
 def test_bad_values_name_their_key(overrides: list[str], message: str) -> None:

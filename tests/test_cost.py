@@ -219,26 +219,36 @@ def test_the_engine_accounting_reads_the_workers_tensors_and_device(monkeypatch:
 
 
 def test_the_engine_caches_in_the_workloads_kv_dtype() -> None:
-    """A KV dtype narrower than the model's reaches vLLM as kv_cache_dtype and sizes the pin and the memory split;
-    one vLLM cannot cache in is refused before any engine starts, with the fix."""
-    from autocompress.cost.engine import EngineSettings, engine_settings, kv_pin_bytes, memory_split, vllm_kv_cache_dtype
+    """A KV dtype other than the model's reaches vLLM as kv_cache_dtype and sizes the pin and the memory split;
+    one the engine cannot cache in is refused before anything runs, with the fix."""
+    from autocompress.config.schema import vllm_kv_cache_dtype
+    from autocompress.cost.engine import cache_kwargs, engine_kv_pin, engine_settings, kv_pin_bytes, memory_split
     from autocompress.errors import ConfigError
 
     assert vllm_kv_cache_dtype("bf16", None) == vllm_kv_cache_dtype("bf16", "bf16") == "auto"
     assert vllm_kv_cache_dtype("bf16", "fp8") == "fp8" and vllm_kv_cache_dtype("fp32", "bf16") == "bfloat16"
-    with pytest.raises(ConfigError, match=r"workload\.kv_dtype='fp32' cannot be served with dtype='bf16'.*set workload\.kv_dtype"):
+    assert vllm_kv_cache_dtype("fp32", "fp8", "vllm-cpu") == "fp8"
+    with pytest.raises(ConfigError, match=r"workload\.kv_dtype='fp32' cannot be served by vllm with dtype='bf16'.*set workload\.kv_dtype"):
         vllm_kv_cache_dtype("bf16", "fp32")
-    hw = H100
+    with pytest.raises(ConfigError, match=r"kv_dtype='bf16' cannot be served by vllm-cpu.*\['fp8'\]"):  # CPU attention: model dtype or fp8
+        vllm_kv_cache_dtype("fp32", "bf16", "vllm-cpu")
     fp8 = [dataclasses.replace(w, kv_dtype="fp8") for w in WORKLOADS]
-    settings = engine_settings(hw, fp8, kv_cache_gib=0, repeats=1, warmup=0)
+    settings = engine_settings(H100, fp8, kv_cache_gib=0, repeats=1, warmup=0)
     assert settings.kv_dtype == "fp8" and settings.kv_value_bytes == 1
     with pytest.raises(ConfigError, match="must share one kv_dtype"):
-        engine_settings(hw, [fp8[0], WORKLOADS[1]], kv_cache_gib=0, repeats=1, warmup=0)
+        engine_settings(H100, [fp8[0], WORKLOADS[1]], kv_cache_gib=0, repeats=1, warmup=0)
     with pytest.raises(ConfigError, match="kv_dtype='fp32' cannot be served"):
-        engine_settings(hw, [dataclasses.replace(w, kv_dtype="fp32") for w in WORKLOADS], kv_cache_gib=0, repeats=1, warmup=0)
+        engine_settings(H100, [dataclasses.replace(w, kv_dtype="fp32") for w in WORKLOADS], kv_cache_gib=0, repeats=1, warmup=0)
     arch = smollm2_space().largest()
-    bf16 = EngineSettings(engine="vllm", dtype="bf16", max_model_len=17408, max_num_seqs=256, max_num_batched_tokens=8192, kv_cache_gib=0)
+    bf16 = engine_settings(H100, WORKLOADS, kv_cache_gib=0, repeats=1, warmup=0)
+    # what LLM(...) is given: fp8 cache and a pin of half the bytes; with the model's dtype no kv_cache_dtype at all
+    pin8, pin16 = engine_kv_pin(arch, fp8, settings), engine_kv_pin(arch, WORKLOADS, bf16)
+    assert pin8 is not None and pin16 is not None and abs(2 * pin8 - pin16) <= 2
+    assert pin16 == kv_pin_bytes(arch, WORKLOADS, 2)
+    assert cache_kwargs(settings, pin8) == {"dtype": "bfloat16", "kv_cache_dtype": "fp8", "kv_cache_memory_bytes": pin8}
+    assert cache_kwargs(bf16, pin16) == {"dtype": "bfloat16", "kv_cache_memory_bytes": pin16}
+    cpu = dataclasses.replace(settings, engine="vllm-cpu")
+    assert engine_kv_pin(arch, fp8, cpu) is None and cache_kwargs(cpu, None) == {"dtype": "bfloat16", "kv_cache_dtype": "fp8"}
     tokens = 10_000
-    half = memory_split(arch, dataclasses.replace(bf16, kv_dtype="fp8"), tokens, peak_bytes=0, device_gib=2.0)["kv_alloc_gib"]
+    half = memory_split(arch, settings, tokens, peak_bytes=0, device_gib=2.0)["kv_alloc_gib"]
     assert half * 2 == pytest.approx(memory_split(arch, bf16, tokens, peak_bytes=0, device_gib=2.0)["kv_alloc_gib"])
-    assert kv_pin_bytes(arch, fp8, settings.kv_value_bytes) * 2 == pytest.approx(kv_pin_bytes(arch, WORKLOADS, 2), abs=2)

@@ -36,6 +36,12 @@ WORKLOADS = [
 ]
 
 
+def workload_columns(wl: Workload) -> dict[str, object]:
+    """The workload's columns in a measurements row (as profile writes them)."""
+    shape = {"prompt_len": wl.prompt_len, "output_len": wl.output_len, "concurrency": wl.concurrency}
+    return {"workload": wl.name, **shape, "dtype": wl.dtype, "kv_dtype": wl.kv_dtype}
+
+
 def space() -> SearchSpace:
     return SearchSpace.from_base(Architecture.from_llama_config(SMOLLM2), SpaceSpec())
 
@@ -167,7 +173,7 @@ def test_a_fit_reports_its_error_beside_the_noise_of_its_measurements(tmp_path: 
         rng, rows = np.random.default_rng(0), []
         for arch, role in plan:
             true = AnalyticCostModel(space(), TRUE, wl).predict(arch)
-            row: dict[str, object] = {"architecture": arch.to_json(), "arch_id": str(hash(arch)), "role": role, "workload": wl.name}
+            row: dict[str, object] = {"architecture": arch.to_json(), "arch_id": str(hash(arch)), "role": role, **workload_columns(wl)}
             row |= {"status": "ok", "engine_version": "test", "engine_start_s": 1.0, "measure_s": 1.0}
             row |= {"kv_capacity_tokens": true["kv_capacity_tokens"], "peak_gib": 3.0, "weights_gib": 0.5, "kv_alloc_gib": 1.0}
             row |= {"runtime_gib": 1.5 + 0.1 * len(rows) / len(plan)}
@@ -199,10 +205,31 @@ def test_a_pinned_kv_cache_is_not_a_capacity_measurement() -> None:
     from autocompress.cost.design import to_measurements
 
     wl, arch = WORKLOADS[0], space().largest()
-    row = {"architecture": arch.to_json(), "role": "fit", "workload": wl.name, "status": "ok"}
+    row = {"architecture": arch.to_json(), "role": "fit", **workload_columns(wl), "status": "ok"}
     row |= {"ttft_ms": 10.0, "tpot_ms": 1.0, "throughput_tok_s": 100.0, "kv_capacity_tokens": 4096.0}
     table = pd.DataFrame([row | {"kv_pinned_gib": None}, row | {"kv_pinned_gib": 0.5}])
     cpu, gpu = to_measurements(table, "fit", {wl.name: wl})
     assert cpu.values["kv_capacity_tokens"] == 4096.0 and math.isnan(gpu.values["kv_capacity_tokens"])
     assert gpu.values["tpot_ms"] == 1.0  # the timings are measurements all the same
     assert "kv_capacity_tokens" not in validate(space(), TRUE, [gpu]) and "kv_capacity_tokens" in validate(space(), TRUE, [cpu])
+
+
+def test_rows_measured_under_another_kv_dtype_or_length_do_not_stand_for_a_workload() -> None:
+    """A measurement row stands for a workload only when name, lengths, concurrency, dtype and KV dtype all match:
+    re-profiling with workload.kv_dtype=fp8 (or a longer prompt) measures again instead of fitting the old rows.
+    Rows from before kv_dtype was recorded count as the model's dtype, which is how vLLM cached them."""
+    import pandas as pd
+
+    from autocompress.cost.design import _done, to_measurements
+
+    wl, arch = WORKLOADS[0], space().largest()
+    fp8, longer = dataclasses.replace(wl, kv_dtype="fp8"), dataclasses.replace(wl, prompt_len=wl.prompt_len * 2)
+    timings = {"status": "ok", "role": "fit", "ttft_ms": 10.0, "tpot_ms": 1.0, "throughput_tok_s": 100.0, "kv_capacity_tokens": 4096.0}
+    rows = [{"architecture": arch.to_json(), "arch_id": "x", **workload_columns(w)} for w in (wl, fp8)]
+    table = pd.DataFrame([r | timings | {"tpot_ms": float(n + 1)} for n, r in enumerate(rows)])
+    assert [m.values["tpot_ms"] for m in to_measurements(table, "fit", {wl.name: wl})] == [1.0]
+    assert [m.values["tpot_ms"] for m in to_measurements(table, "fit", {wl.name: fp8})] == [2.0]
+    assert to_measurements(table, "fit", {wl.name: longer}) == []
+    old = table.iloc[:1].drop(columns="kv_dtype")  # written before the column existed
+    assert len(to_measurements(old, "fit", {wl.name: wl})) == 1 and to_measurements(old, "fit", {wl.name: fp8}) == []
+    assert len(_done(table)) == 2 and len(_done(old)) == 1

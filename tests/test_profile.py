@@ -153,3 +153,18 @@ def test_fit_moves_the_model_towards_real_measurements(measured: dict[str, Any])
     assert squared_log_error(fitted) < squared_log_error(CPU)
     held = validate(space, fitted, [as_measurement(measured["held"])])
     assert held["kv_capacity_tokens"]["mape"] < 2.0, held
+
+
+def test_extra_workloads_take_the_scenarios_dtypes() -> None:
+    """profile.extra_workloads share the scenario workload's engine starts: workload.kv_dtype=fp8 on the command line
+    reaches cpu_prefill too, so profiling cpu_interactive with it is not refused for mixed KV dtypes."""
+    from autocompress.config.compose import compose_spec
+    from autocompress.cost.engine import settings_for
+    from autocompress.profile import profiled_workloads
+
+    spec = compose_spec("+scenario=cpu_interactive", "workload.kv_dtype=fp8", "hardware.measure_peaks=false")
+    workloads = profiled_workloads(spec)
+    assert [w.name for w in workloads] == ["cpu_interactive", "cpu_prefill"]
+    assert {(w.dtype, w.kv_dtype) for w in workloads} == {(spec.scenario.workload.dtype, "fp8")}
+    assert workloads[1].prompt_len == 768  # its own shape
+    assert settings_for(spec.profile, spec.scenario.hardware, workloads).kv_dtype == "fp8"

