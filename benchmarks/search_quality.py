@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import platform
 import time
@@ -38,8 +39,9 @@ from autocompress.baselines.minitron import search as minitron_search
 from autocompress.baselines.naive import greedy_removal
 from autocompress.config.compose import compose_spec
 from autocompress.config.schema import LagrangianSettings
+from autocompress.cost import CostModel
 from autocompress.cost.base import meets
-from autocompress.search.differentiable import evaluate, run_search
+from autocompress.search.differentiable import SearchInputs, evaluate, run_search
 from autocompress.search.prepare import prepare
 from autocompress.search.rival import homogeneous_full_kv
 
@@ -61,6 +63,22 @@ def shape(arch: Architecture) -> dict[str, Any]:
     }
 
 
+def scored(
+    model: Any,
+    masked: MaskedModel,
+    inputs: SearchInputs,
+    cm: CostModel,
+    arch: Architecture,
+    extra: dict[str, Any] | None = None,
+    report: bool = True,
+) -> dict[str, Any]:
+    """Selection- and (unless `report` is False) report-split KL of `arch`, its feasibility, costs and shape."""
+    kl_sel, _ = evaluate(model, masked, arch, inputs.select, inputs.teacher_select)
+    kl, ppl = evaluate(model, masked, arch, inputs.report, inputs.teacher_report) if report else (float("nan"), float("nan"))
+    row = {"kl": kl, "kl_select": kl_sel, "perplexity": ppl, "params": arch.num_params(), "feasible": meets(cm, inputs.constraints, arch)}
+    return row | cm.predict(arch) | shape(arch) | (extra or {})
+
+
 def bench_scenario(name: str, n_settings: int, overrides: list[str], searches_only: bool = False) -> dict[str, Any]:
     spec = compose_spec(f"+scenario={name}", *overrides)
     prep = prepare(spec, progress=False)
@@ -68,12 +86,7 @@ def bench_scenario(name: str, n_settings: int, overrides: list[str], searches_on
     cons = inputs.constraints
     masked = MaskedModel(model, space, inputs.ranking)
 
-    def score(arch: Architecture, extra: dict[str, Any] | None = None, report: bool = True) -> dict[str, Any]:
-        """Selection- and (unless `report` is False) report-split KL of `arch`, its costs and shape."""
-        kl_sel, _ = evaluate(model, masked, arch, inputs.select, inputs.teacher_select)
-        kl, ppl = evaluate(model, masked, arch, inputs.report, inputs.teacher_report) if report else (float("nan"), float("nan"))
-        row = {"kl": kl, "kl_select": kl_sel, "perplexity": ppl, "params": arch.num_params(), "feasible": meets(cm, cons, arch)}
-        return row | cm.predict(arch) | shape(arch) | (extra or {})
+    score = functools.partial(scored, model, masked, inputs, cm)
 
     out: dict[str, Any] = {"scenario": name, "constraints": {c.metric: c.value for c in cons}, "cost_model": cm.id}
     searches = []
