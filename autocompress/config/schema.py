@@ -277,7 +277,7 @@ class SearchSpec:
     straight_through: bool = False  # hard one-hot samples forward (else relaxed mixtures)
     settle_steps: int = 0  # at most this many extra steps while the argmax misses a bound (multipliers follow its violation)
     probe_sequences: int = 1  # calibration sequences that measure each repair / fill candidate
-    candidates: int = 3  # repair / fill moves measured per step (the search's distributions rank them)
+    candidates: int = 8  # repair / fill moves measured per step (the search's distributions rank them)
     fill: bool = True  # after repair, spend the slack left inside the margin-tightened bounds
     homogeneous_candidate: bool = True  # the best full-width homogeneous architecture (filled alike) competes with each search's result
     threads: int = 0  # torch threads per search; 0 = the CPUs Ray gives the trial

@@ -170,7 +170,7 @@ def repair(
     constraints: tuple[Constraint, ...],
     logits: tuple[torch.Tensor, ...],
     quality: Callable[[Architecture], float] | None = None,
-    candidates: int = 3,
+    candidates: int = 8,
 ) -> tuple[Architecture, int]:
     """Downgrade one decision at a time until every constraint holds.
 
@@ -216,7 +216,7 @@ def fill(
     logits: tuple[torch.Tensor, ...],
     quality: Callable[[Architecture], float],
     margin: float = 0.0,
-    candidates: int = 3,
+    candidates: int = 8,
 ) -> tuple[Architecture, int]:
     """Upgrade one decision at a time while every constraint, tightened by `margin`, still holds.
 
