@@ -96,7 +96,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", action="append", required=True)
     parser.add_argument("--candidates", type=int, nargs="+", default=[3, 8, 16], help="moves measured per repair / fill step")
-    parser.add_argument("--setting", action="append", default=[], help="DUAL_STEP:SEED at margin 0 (default: the grid's, seeds 0 and 1)")
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        help="DUAL_STEP:SEED at margin 0 (default: the grid's dual steps, seeds base and base + 1)",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--note", default="", help="what else shared the machine (recorded beside the CPU)")
     parser.add_argument("--table", type=Path, default=Path("benchmarks/results/repair_candidates.json"))
