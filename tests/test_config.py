@@ -89,6 +89,8 @@ def test_grid_points_cut_and_cycle() -> None:
         (["hardware.eta_memory=1.5"], "hardware.eta_memory must be in (0, 1]"),
         (["sweep.num_trials=0"], "sweep.num_trials must be > 0"),
         (["search.steps=2.5"], "search.steps must be a whole number"),
+        (["search.settle_lr=0"], "search.settle_lr must be in (0, 1]"),
+        (["search.settle_lr=1.5"], "search.settle_lr must be in (0, 1]"),
         (["sweep.num_trials=nan"], "sweep.num_trials must be a finite number"),
         (["search.steps=inf"], "search.steps must be a finite number"),
         (["search.settings.dual_lr=-inf"], "search.settings.dual_lr must be a finite number"),

@@ -276,6 +276,7 @@ class SearchSpec:
     start: str = "base"  # where the distributions start: "base" (the unpruned model) | "rival" (the homogeneous rival)
     straight_through: bool = False  # hard one-hot samples forward (else relaxed mixtures)
     settle_steps: int = 0  # at most this many extra steps while the argmax misses a bound (multipliers follow its violation)
+    settle_lr: float = 1.0  # the logits' step while settling, as a fraction of search.settings.lr (< 1: fewer decisions flip per step)
     probe_sequences: int = 1  # calibration sequences that measure each repair / fill candidate
     candidates: int = 8  # repair / fill moves measured per step (the search's distributions rank them)
     fill: bool = True  # after repair, spend the slack left inside the margin-tightened bounds
@@ -289,6 +290,8 @@ class SearchSpec:
             _positive(f"search.{key}", getattr(self, key))
         _positive("search.threads", self.threads, allow_zero=True)
         _positive("search.settle_steps", self.settle_steps, allow_zero=True)
+        if not 0 < self.settle_lr <= 1:
+            raise ConfigError(f"search.settle_lr must be in (0, 1] (a fraction of search.settings.lr), got {self.settle_lr!r}")
         if self.start not in ("base", "rival"):
             raise ConfigError(f"search.start={self.start!r} is unknown; use base (the unpruned model) or rival (the homogeneous rival)")
 

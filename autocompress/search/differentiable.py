@@ -333,6 +333,8 @@ def run_search(
         for step in bar:
             one_step(step, settings.tau_start * (settings.tau_end / settings.tau_start) ** (step / max(1, spec.steps - 1)))
         settled = 0
+        for group in opt.param_groups:  # Adam moves each logit by about lr per step, whatever the multipliers: a smaller step flips fewer
+            group["lr"] = settings.lr * spec.settle_lr
         while settled < spec.settle_steps and bool((hard := argmax_violation()).gt(1e-9).any()):
             one_step(spec.steps + settled, settings.tau_end, hard)  # the argmax misses a bound: push on, at the final temperature
             settled += 1
