@@ -45,6 +45,7 @@ SEARCH_ONLY = (
     "search.init_bias",
     "search.straight_through",
     "search.settle_steps",
+    "search.settle_lr",
     "search.candidates",
     "search.fill",
     "search.threads",

@@ -8,8 +8,8 @@ the same cost model:
 - homogeneous_full_kv: full hidden size and every head, one FFN width in all kept layers, the
   fewest least-important blocks dropped that fit; the width with the lowest selection KL;
 - greedy: attention/FFN sublayers removed least important first until feasible;
-- cost_only: the search with its KL term off (the picked setting's Lagrangian, kl_weight=0) and
-  search.fill off (fill picks moves by measured KL); repair, needed for feasibility, stays on;
+- cost_only: the search with its KL term off (the picked setting's Lagrangian, kl_weight=0), search.fill off
+  and repair measuring 1 candidate (so no move is chosen by measured KL);
 - argmax_before_repair: the picked search's most probable architecture before repair (may be
   infeasible: its feasibility and every search's repair and fill steps are recorded);
 - minitron: the ModelOpt mcore_minitron baseline (autocompress.baselines.minitron) at the same constraints.
@@ -111,9 +111,10 @@ def bench_scenario(name: str, n_settings: int, overrides: list[str], searches_on
         masked.remove()
         return out
     settings = LagrangianSettings(**best["settings"])
-    # fill off: fill grows a result by the moves with the lowest measured KL, which would hand the
-    # cost-only search the quality signal it is meant to lack (with 8 candidates it rebuilt much of it)
-    blind = dataclasses.replace(spec.search, fill=False)
+    # blind to quality after the search too: fill off (it grows a result by the moves with the lowest measured
+    # KL; with 8 candidates it rebuilt much of a cost-only result) and repair taking the move its own (cost-only)
+    # distributions rank first instead of measuring candidates by KL
+    blind = dataclasses.replace(spec.search, fill=False, candidates=1)
     cost_only = run_search(model, dataclasses.replace(inputs, homogeneous=None), cm, blind, settings, kl_weight=0.0)
     out["cost_only"] = score(cost_only.architecture, {"repair_steps": cost_only.repair_steps, "fill": False})
     imp = importance(model, inputs.calib[: spec.search.importance_sequences], progress=False)

@@ -7,12 +7,14 @@ rtx5070_coding argmax was infeasible at 24 steps (margin 0.1 / seed 0 and margin
 `--setting MARGIN:DUAL_STEP:SEED` picks others. The homogeneous rival keeps its default (set
 search.homogeneous_candidate=false to see the search's own result only). Compare with the same searches without
 settling (benchmarks/results/search_ablation.json at 24 steps, repair_candidates.json at 96).
-Writes --out (default benchmarks/results/search_settle_<scenario>.json).
+Writes --out (default benchmarks/results/search_settle_<scenario>_steps<search.steps>.json).
 
+    # the committed 24-step run (benchmarks/results/search_settle_rtx5070_coding.json, code 606e438)
     .venv/bin/python benchmarks/search_settle.py --scenario rtx5070_coding --settle 32 \
-        data.source=jsonl data.path=../shared/data/corpora/c4_sample
+        --out benchmarks/results/search_settle_rtx5070_coding.json search.steps=24 search.candidates=3 \
+        search.probe_sequences=4 search.homogeneous_candidate=false data.source=jsonl data.path=../shared/data/corpora/c4_sample
     .venv/bin/python benchmarks/search_settle.py --scenario rtx5070_coding --settle 32 --settle-lr 1 0.1 \
-        --setting 0:2.0:0 --out benchmarks/results/search_settle_rtx5070_coding_steps96.json \
+        --setting 0:2.0:0 \
         search.homogeneous_candidate=false data.source=jsonl data.path=../shared/data/corpora/c4_sample
 """
 
@@ -33,12 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from autocompress.arch.masking import MaskedModel
 from autocompress.config.compose import compose_spec
 from autocompress.config.cpuinfo import identity as cpu
-from autocompress.config.schema import LagrangianSettings
 from autocompress.cost.base import meets
+from autocompress.errors import ConfigError
 from autocompress.search.differentiable import evaluate, run_search
 from autocompress.search.prepare import prepare
 
-SETTINGS = [LagrangianSettings(margin=0.1, dual_lr=0.5), LagrangianSettings(margin=0.0, dual_lr=0.5, seed=1)]
+SETTINGS = [(0.1, 0.5, 0), (0.0, 0.5, 1)]  # margin, dual step, seed: the search_quality settings of the 24-step run
 
 
 def parse_setting(text: str) -> tuple[float, float, int]:
@@ -61,17 +63,22 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="default benchmarks/results/search_settle_<scenario>.json")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides")
     args = parser.parse_args()
-    given = [parse_setting(s) for s in args.setting]
+    given = [parse_setting(s) for s in args.setting] or SETTINGS
     if any(not 0 < lr <= 1 for lr in args.settle_lr):
         raise SystemExit(f"--settle-lr {args.settle_lr}: each value must be in (0, 1]")
-    path = args.out or Path(f"benchmarks/results/search_settle_{args.scenario}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)  # a bad path fails now, not after an hour of searches
-    torch.set_num_threads(args.threads)
     spec = compose_spec(f"+scenario={args.scenario}", *args.overrides)
+    base = spec.search.settings  # each setting changes only margin, dual step and seed of the configured settings
+    try:
+        settings_list = [dataclasses.replace(base, margin=m, dual_lr=d, seed=sd) for m, d, sd in given]
+    except ConfigError as exc:
+        raise SystemExit(f"--setting: {exc}") from None
+    path = args.out or Path(f"benchmarks/results/search_settle_{args.scenario}_steps{spec.search.steps}.json")
+    if path.is_dir():
+        raise SystemExit(f"--out {path} is a folder; give a file name")
+    path.parent.mkdir(parents=True, exist_ok=True)  # a bad folder fails now, not after an hour of searches
+    torch.set_num_threads(args.threads)
     p = prepare(spec, progress=False)
     model, inputs, cm, space = p.base.model, p.inputs, p.cost_model, p.space
-    base = spec.search.settings  # a --setting changes only margin, dual step and seed of the configured settings
-    settings_list = [dataclasses.replace(base, margin=m, dual_lr=d, seed=sd) for m, d, sd in given] or SETTINGS
     rows: list[dict[str, Any]] = []
     command = f"benchmarks/search_settle.py --scenario {args.scenario} --settle {args.settle}"
     command += " --settle-lr " + " ".join(map(str, args.settle_lr)) + "".join(f" --setting {s}" for s in args.setting)
@@ -94,7 +101,7 @@ def main() -> None:
             row["wall_s"] = time.time() - start
             rows.append(row)
             print(json.dumps(row), flush=True)
-            out = {"scenario": args.scenario, "settle": args.settle, "steps": spec.search.steps, "runs": rows, "_run": run}
+            out = {"scenario": args.scenario, "settle": args.settle, "search": dataclasses.asdict(spec.search), "runs": rows, "_run": run}
             path.write_text(json.dumps(out, indent=1))  # after every run: an interrupted benchmark keeps what it measured
 
 
