@@ -201,3 +201,17 @@ def test_text_folder_without_text_files(tmp_path: Path) -> None:
     (tmp_path / "data.bin").write_bytes(b"\0")
     with pytest.raises(ConfigError, match=r"without \.txt, \.md or \.py files"):
         load_token_data(DataSpec(source="text", path=str(tmp_path)), ByteTokenizer())
+
+
+def test_a_calibration_seed_draws_other_windows_from_the_same_documents(tmp_path: Path) -> None:
+    """A distillation seed (calib_seed) changes the calibration windows only, within the calibration documents."""
+    path = synthetic(tmp_path)
+    t0, t1 = WordTokenizer(), WordTokenizer()
+    a, b = load_token_data(spec(path), t0), load_token_data(spec(path), t1, calib_seed=1)
+    words = lambda tok, rows: [[tok.words.get(int(t), "eos") for t in row] for row in rows]  # noqa: E731
+    assert words(t0, a.calib) != words(t1, b.calib) and a.documents["calib"] != b.documents["calib"]
+    assert set(b.documents["calib"]) <= set(split_documents(200, spec(path))["calib"])  # still only calibration documents
+    for name in ("select", "report"):  # what picks and what is reported do not move with the seed
+        assert words(t0, getattr(a, name)) == words(t1, getattr(b, name)) and a.documents[name] == b.documents[name]
+    c = load_token_data(spec(path), WordTokenizer(), calib_seed=0)
+    assert (c.calib == load_token_data(spec(path), WordTokenizer()).calib).all()  # seed 0: the windows every tool shares

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,17 @@ def test_distillation_lowers_the_kl(tiny_model: Any, student: Path, tmp_path: Pa
     assert log[0].startswith("step,tokens,loss,kl") and len(log) == 13
     assert {"configuration_decilm.py", "modeling_decilm.py", "model.safetensors"} <= {p.name for p in (tmp_path / "out").iterdir()}
     assert not work_dir(tmp_path / "out").exists()  # the resumable state goes once the model is written
+
+
+def test_seeds_train_on_other_windows_and_give_other_models(tiny_model: Any, student: Path, tmp_path: Path) -> None:
+    """Each distillation seed is its own run (compare's interval covers seeds): other training windows, same held-out KL text."""
+    a = distill(student, tmp_path / "s0", tiny_model, ByteTokenizer(), DATA, SPEC, progress=False)
+    b = distill(student, tmp_path / "s1", tiny_model, ByteTokenizer(), DATA, dataclasses.replace(SPEC, seed=1), progress=False)
+    assert a.kl_before == pytest.approx(b.kl_before)  # the same report windows measure both
+    wa, wb = load_file(str(tmp_path / "s0" / "model.safetensors")), load_file(str(tmp_path / "s1" / "model.safetensors"))
+    assert any(not torch.equal(wa[k], wb[k]) for k in wa)
+    first = [(tmp_path / d / "distill_log.csv").read_text().splitlines()[1].split(",")[2] for d in ("s0", "s1")]
+    assert first[0] != first[1]  # the first step's loss: another batch
 
 
 class Interrupt(Exception):

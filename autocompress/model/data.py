@@ -154,17 +154,22 @@ def _layout(n_tokens: int, seq_len: int, k: int, rng: random.Random) -> list[int
 
 
 def _windows(
-    docs: list[str], order: list[int], is_file: bool, tokenizer: Any, n: int, spec: DataSpec, name: str
+    docs: list[str], order: list[int], is_file: bool, tokenizer: Any, n: int, spec: DataSpec, name: str, sample_seed: int = 0
 ) -> tuple[torch.Tensor, list[int], int]:
     """`n` windows of `spec.seq_len` tokens from the documents `order` (corpus indices), spread across as many documents as possible.
 
     Pass 1 takes one window per document, at a random offset; documents shorter than a window are
     concatenated (EOS between them) and windowed together. While windows are missing, later passes
     take one more non-overlapping window from each document long enough, up to
-    `spec.windows_per_document`. Returns (windows, corpus indices of the documents used, tokens read).
+    `spec.windows_per_document`. A non-zero `sample_seed` takes the split's documents in another order
+    and other offsets (the same split, other windows). Returns (windows, corpus indices of the documents
+    used, tokens read).
     """
     seq_len = spec.seq_len
-    rng = random.Random(f"{spec.seed}:{name}")
+    rng = random.Random(f"{spec.seed}:{name}" if sample_seed == 0 else f"{spec.seed}:{name}:{sample_seed}")
+    if sample_seed != 0:
+        order = list(order)
+        rng.shuffle(order)
     eos = getattr(tokenizer, "eos_token_id", None)
     rows: list[list[int]] = []
     used: set[int] = set()
@@ -211,12 +216,14 @@ def _windows(
     return torch.tensor(rows[:n], dtype=torch.long).view(n, seq_len), sorted(used), read
 
 
-def load_token_data(spec: DataSpec, tokenizer: Any, splits: Collection[str] = SPLITS) -> TokenData:
+def load_token_data(spec: DataSpec, tokenizer: Any, splits: Collection[str] = SPLITS, calib_seed: int = 0) -> TokenData:
     """Calibration, selection and report windows from three disjoint document sets.
 
     `splits`: which splits to tokenise; the others come back empty ([0, seq_len]). The document
     split itself is always the same, so e.g. distillation's report windows share no document with
-    its calibration windows nor with a sweep's selection windows.
+    its calibration windows nor with a sweep's selection windows. `calib_seed` (0: the windows every
+    tool shares) draws other calibration windows from the same calibration documents: a distillation
+    seed; the selection and report windows do not change with it.
     """
     unknown = sorted(set(splits) - set(SPLITS))
     if unknown:
@@ -232,7 +239,8 @@ def load_token_data(spec: DataSpec, tokenizer: Any, splits: Collection[str] = SP
     for name in SPLITS:
         data.split_documents[name] = len(parts[name])
         if name in splits:
-            rows, used, read = _windows(docs, parts[name], is_file, tokenizer, counts[name], spec, name)
+            seed = calib_seed if name == "calib" else 0
+            rows, used, read = _windows(docs, parts[name], is_file, tokenizer, counts[name], spec, name, seed)
             setattr(data, name, rows)
             data.documents[name], data.split_tokens[name] = used, read
     return data
