@@ -478,7 +478,7 @@ def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Mo
 
 def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stages, models: list[Model]) -> Model:
     """Distil and evaluate both models (same budget, same items); evaluate the unpruned model (cached across runs)."""
-    from autocompress.quality.distillation import distill
+    from autocompress.quality.distillation import SEEDED_WINDOWS, distill
     from autocompress.quality.evaluation import read_result
 
     spec = ctx.spec
@@ -488,6 +488,7 @@ def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stag
     for seed in job.compare.seeds:
         dspec = dataclasses.replace(job.distill, seed=seed)
         dkey = {"distill": dataclasses.asdict(dspec), "data": dataclasses.asdict(spec.data), "teacher": dataclasses.asdict(spec.model)}
+        dkey |= {"windows": SEEDED_WINDOWS} if seed else {}  # a seed's stage from before the fix was seed 0's model again
         for m in models:
             target, student = out / m.name / f"distilled-seed{seed}", out / m.name / "pruned"
             run = partial(distill, student, target, ctx.model, ctx.tokenizer, spec.data, dspec, overwrite=True, evaluation_dirs=forbid)

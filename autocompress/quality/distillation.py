@@ -144,8 +144,14 @@ def work_dir(out: Path) -> Path:
     return out.with_name(f".{out.name}.distill")
 
 
+# A non-zero seed's training windows since 2026-12-04 (before, every seed trained on seed 0's): part of the identity
+# of a seeded run, so neither a resumable state nor a finished compare stage from before is taken for one.
+SEEDED_WINDOWS = "calib_seed/2026-12-04"
+
+
 def fingerprint(student_dir: Path, spec: DistillSpec, data: DataSpec) -> dict[str, Any]:
-    return {"student": str(student_dir.resolve()), "distill": dataclasses.asdict(spec), "data": dataclasses.asdict(data)}
+    out = {"student": str(student_dir.resolve()), "distill": dataclasses.asdict(spec), "data": dataclasses.asdict(data)}
+    return out | ({"windows": SEEDED_WINDOWS} if spec.seed else {})
 
 
 def _save_state(path: Path, state: dict[str, Any]) -> None:
