@@ -102,7 +102,10 @@ def _probe_inputs(job: CompareJob, ctx: Context) -> dict[str, Any]:
     """What a probe's outcome depends on besides its candidates (its stage key)."""
     spec = ctx.spec
     dspec = job.compare.probe.distill_spec(job.distill)
-    return {"probe": dataclasses.asdict(job.compare.probe), "distill": dataclasses.asdict(dspec), "data": dataclasses.asdict(spec.data)}
+    from autocompress.quality.distillation import seeded_identity
+
+    key = {"probe": dataclasses.asdict(job.compare.probe), "distill": dataclasses.asdict(dspec), "data": dataclasses.asdict(spec.data)}
+    return key | seeded_identity(dspec.seed)
 
 
 def _run_probe(job: CompareJob, ctx: Context, writers: dict[str, Callable[[Path], object]], work: Path) -> list[dict[str, Any]]:
@@ -478,7 +481,7 @@ def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Mo
 
 def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stages, models: list[Model]) -> Model:
     """Distil and evaluate both models (same budget, same items); evaluate the unpruned model (cached across runs)."""
-    from autocompress.quality.distillation import SEEDED_WINDOWS, distill
+    from autocompress.quality.distillation import distill, seeded_identity
     from autocompress.quality.evaluation import read_result
 
     spec = ctx.spec
@@ -488,7 +491,7 @@ def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stag
     for seed in job.compare.seeds:
         dspec = dataclasses.replace(job.distill, seed=seed)
         dkey = {"distill": dataclasses.asdict(dspec), "data": dataclasses.asdict(spec.data), "teacher": dataclasses.asdict(spec.model)}
-        dkey |= {"windows": SEEDED_WINDOWS} if seed else {}  # a seed's stage from before the fix was seed 0's model again
+        dkey |= seeded_identity(seed)  # a seed's stage from before the fix was seed 0's model again
         for m in models:
             target, student = out / m.name / f"distilled-seed{seed}", out / m.name / "pruned"
             run = partial(distill, student, target, ctx.model, ctx.tokenizer, spec.data, dspec, overwrite=True, evaluation_dirs=forbid)

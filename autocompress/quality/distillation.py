@@ -144,14 +144,19 @@ def work_dir(out: Path) -> Path:
     return out.with_name(f".{out.name}.distill")
 
 
-# A non-zero seed's training windows since 2026-12-04 (before, every seed trained on seed 0's): part of the identity
-# of a seeded run, so neither a resumable state nor a finished compare stage from before is taken for one.
-SEEDED_WINDOWS = "calib_seed/2026-12-04"
+# A non-zero seed's training windows since commit 73bc6e8 (before, every seed trained on seed 0's): part of the
+# identity of a seeded run, so neither a resumable state nor a finished compare stage from before is taken for one.
+SEEDED_WINDOWS = "calib_seed/73bc6e8"
+
+
+def seeded_identity(seed: int) -> dict[str, str]:
+    """What a distillation's identity (resume fingerprint, compare stage keys) adds for `seed`: nothing for seed 0."""
+    return {"windows": SEEDED_WINDOWS} if seed else {}
 
 
 def fingerprint(student_dir: Path, spec: DistillSpec, data: DataSpec) -> dict[str, Any]:
     out = {"student": str(student_dir.resolve()), "distill": dataclasses.asdict(spec), "data": dataclasses.asdict(data)}
-    return out | ({"windows": SEEDED_WINDOWS} if spec.seed else {})
+    return out | seeded_identity(spec.seed)
 
 
 def _save_state(path: Path, state: dict[str, Any]) -> None:
