@@ -485,12 +485,15 @@ def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stag
     from autocompress.quality.evaluation import read_result
 
     spec = ctx.spec
-    dkey = {"distill": dataclasses.asdict(job.distill), "data": dataclasses.asdict(spec.data), "teacher": dataclasses.asdict(spec.model)}
     forbid = (*evaluation_paths(), *evaluation_paths(job.evaluate.data_dir, job.evaluate.corpus))
     ekey = {"evaluate": dataclasses.asdict(job.evaluate), "model": dataclasses.asdict(spec.model)}
     for seed in job.compare.seeds:
         dspec = dataclasses.replace(job.distill, seed=seed)
-        dkey = {"distill": dataclasses.asdict(dspec), "data": dataclasses.asdict(spec.data), "teacher": dataclasses.asdict(spec.model)}
+        dkey: dict[str, Any] = {
+            "distill": dataclasses.asdict(dspec),
+            "data": dataclasses.asdict(spec.data),
+            "teacher": dataclasses.asdict(spec.model),
+        }
         dkey |= seeded_identity(seed)  # a seed's stage from before the fix was seed 0's model again
         for m in models:
             target, student = out / m.name / f"distilled-seed{seed}", out / m.name / "pruned"
