@@ -32,12 +32,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from search_quality import scored
+
 from autocompress.arch.masking import MaskedModel
 from autocompress.config.compose import compose_spec
 from autocompress.config.cpuinfo import identity as cpu
-from autocompress.cost.base import meets
 from autocompress.errors import ConfigError
-from autocompress.search.differentiable import evaluate, run_search
+from autocompress.io import write_json
+from autocompress.search.differentiable import run_search
 from autocompress.search.prepare import prepare
 
 SETTINGS = [(0.1, 0.5, 0), (0.0, 0.5, 1)]  # margin, dual step, seed: the search_quality settings of the 24-step run
@@ -60,7 +62,7 @@ def main() -> None:
     parser.add_argument("--setting", action="append", default=[], help="MARGIN:DUAL_STEP:SEED (default: the two of search_quality)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--note", default="", help="what else shared the machine")
-    parser.add_argument("--out", type=Path, default=None, help="default benchmarks/results/search_settle_<scenario>.json")
+    parser.add_argument("--out", type=Path, default=None, help="default benchmarks/results/search_settle_<scenario>_steps<N>.json")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides")
     args = parser.parse_args()
     given = [parse_setting(s) for s in args.setting] or SETTINGS
@@ -94,15 +96,13 @@ def main() -> None:
             row |= {"repair_steps": res.repair_steps, "fill_steps": res.fill_steps, "origin": res.origin}
             for key, arch in (("argmax", res.argmax), ("repaired", res.repaired), ("final", res.architecture)):
                 assert arch is not None
-                kl, _ = evaluate(model, masked, arch, inputs.report, inputs.teacher_report)
-                kl_select, _ = evaluate(model, masked, arch, inputs.select, inputs.teacher_select)
-                row[key] = {"kl": kl, "kl_select": kl_select, "params": arch.num_params(), "feasible": meets(cm, inputs.constraints, arch)}
+                row[key] = scored(model, masked, inputs, cm, arch)  # search_quality's row: KL on both splits, costs, shape
             masked.remove()
             row["wall_s"] = time.time() - start
             rows.append(row)
             print(json.dumps(row), flush=True)
             out = {"scenario": args.scenario, "settle": args.settle, "search": dataclasses.asdict(spec.search), "runs": rows, "_run": run}
-            path.write_text(json.dumps(out, indent=1))  # after every run: an interrupted benchmark keeps what it measured
+            write_json(out, path)  # after every run: an interrupted benchmark keeps what it measured
 
 
 if __name__ == "__main__":
