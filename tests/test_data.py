@@ -143,6 +143,8 @@ def test_text_file_and_errors(tmp_path: Path) -> None:
     assert data.calib.shape == (4, 32)
     with pytest.raises(ConfigError, match=r"lower data\.calib_sequences"):
         load_token_data(DataSpec(source="text", path=str(path), seq_len=512, calib_sequences=400), ByteTokenizer())
+    with pytest.raises(ConfigError, match=r"512 tokens for distillation seed 2 .*lower data\.calib_sequences"):
+        load_token_data(DataSpec(source="text", path=str(path), seq_len=512, calib_sequences=400), ByteTokenizer(), calib_seed=2)
     with pytest.raises(ConfigError, match=r"the report split gets none .*data\.report_share"):
         load_token_data(DataSpec(source="text", path=str(path), report_share=0.01), ByteTokenizer())
     with pytest.raises(ConfigError, match="does not exist"):

@@ -112,6 +112,24 @@ def test_resume_refuses_other_settings(tiny_model: Any, student: Path, tmp_path:
         distill(student, out, tiny_model, ByteTokenizer(), DATA, other, progress=False)
 
 
+def test_a_stale_state_is_started_over_when_the_caller_owns_the_folder(tiny_model: Any, student: Path, tmp_path: Path) -> None:
+    """compare's discard_stale: another seed's (or settings') interrupted state is redone from step 0, never resumed."""
+    out = tmp_path / "out"
+
+    def stop(record: dict[str, float]) -> None:
+        if record["step"] == 5:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):  # an interrupted seed-0 run leaves its state at step 4
+        distill(student, out, tiny_model, ByteTokenizer(), DATA, SPEC, progress=False, on_step=stop)
+    seeded = dataclasses.replace(SPEC, seed=1)
+    res = distill(student, out, tiny_model, ByteTokenizer(), DATA, seeded, overwrite=True, discard_stale=True, progress=False)
+    assert res.resumed_from == 0 and not work_dir(out).exists()
+    fresh = distill(student, tmp_path / "fresh", tiny_model, ByteTokenizer(), DATA, seeded, progress=False)
+    got, expected = load_file(str(out / "model.safetensors")), load_file(str(tmp_path / "fresh" / "model.safetensors"))
+    assert all(torch.equal(got[k], expected[k]) for k in expected)  # the same model as a run that never saw the stale state
+
+
 def test_evaluation_data_is_never_distillation_text(tiny_model: Any, student: Path, tmp_path: Path) -> None:
     bench = tmp_path / "shared" / "data"
     (bench / "benchmarks").mkdir(parents=True)

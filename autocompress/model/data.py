@@ -208,8 +208,10 @@ def _windows(
                 used.add(index)
     if len(rows) < n:
         share = "lower data.select_share / data.report_share" if name == "calib" else f"raise data.{name}_share"
+        # short documents are windowed together in the order read, so a seed's count can differ a little from seed 0's
+        seeded = f" for distillation seed {sample_seed}" if sample_seed else ""
         raise ConfigError(
-            f"the {name} split ({len(order)} documents, {read:,} tokens) yields only {len(rows)} windows of {seq_len} tokens "
+            f"the {name} split ({len(order)} documents, {read:,} tokens) yields only {len(rows)} windows of {seq_len} tokens{seeded} "
             f"(at most {spec.windows_per_document} per document), data.{name}_sequences={n} are needed; lower "
             f"data.{name}_sequences or data.seq_len, raise data.windows_per_document, {share}, or give more text"
         )

@@ -174,13 +174,17 @@ def _write_log(path: Path, log: list[dict[str, float]]) -> None:
     os.replace(tmp, path)
 
 
-def _load_state(work: Path, expected: dict[str, Any]) -> dict[str, Any] | None:
+def _load_state(work: Path, expected: dict[str, Any], discard_stale: bool = False) -> dict[str, Any] | None:
     path = work / "state.pt"
     if not path.exists():
         return None
     state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
     if state["fingerprint"] != expected:
         changed = sorted(k for k in expected if state["fingerprint"].get(k) != expected[k])
+        if discard_stale:
+            print(f"distill: {work} holds a distillation with other settings ({', '.join(changed)} differ); starting over")
+            shutil.rmtree(work)
+            return None
         raise ConfigError(
             f"{work} holds a distillation with other settings ({', '.join(changed)} differ); "
             f"rerun with the same settings to resume it, or add resume=false to start over"
@@ -218,6 +222,7 @@ def distill(
     spec: DistillSpec,
     overwrite: bool = False,
     resume: bool = True,
+    discard_stale: bool = False,
     progress: bool = True,
     on_step: Callable[[dict[str, float]], None] | None = None,
     evaluation_dirs: tuple[Path, ...] = evaluation_paths(),
@@ -225,6 +230,8 @@ def distill(
     """Distil the checkpoint in `student_dir` from `teacher` (a loaded, frozen model) into `out`.
 
     `evaluation_dirs`: folders of evaluation data the distillation text must not come from.
+    `discard_stale`: a resumable state left by a run with other settings is deleted (start over) rather than
+    refused; for callers that own the output folder and key their stages by the settings (compare).
     """
     from autocompress.model.checkpoint import open_model
 
@@ -247,7 +254,7 @@ def distill(
     expected = fingerprint(student_dir, spec, data)
     if not resume:
         shutil.rmtree(work, ignore_errors=True)
-    state = _load_state(work, expected)
+    state = _load_state(work, expected, discard_stale)
     student = open_model(student_dir)
     teacher.eval().requires_grad_(False)
     proj = None
