@@ -497,9 +497,9 @@ def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stag
         dkey |= seeded_identity(seed)  # a seed's stage from before the fix was seed 0's model again
         for m in models:
             target, student = out / m.name / f"distilled-seed{seed}", out / m.name / "pruned"
-            run = partial(  # the folder is compare's: a stale state from other settings (or a pre-73bc6e8 seed) is redone
-                distill, student, target, ctx.model, ctx.tokenizer, spec.data, dspec, overwrite=True, discard_stale=True, evaluation_dirs=forbid
-            )
+            # the folder is compare's: a stale state from other settings (or a pre-73bc6e8 seed) is redone
+            args = (student, target, ctx.model, ctx.tokenizer, spec.data, dspec)
+            run = partial(distill, *args, overwrite=True, discard_stale=True, evaluation_dirs=forbid)
             stages.run(f"{m.name}/distilled-seed{seed}", {**dkey, "student": m.arch.to_json()}, target, run)
             m.distill.append(json.loads((target / "distill.json").read_text()))
             evaluated = out / m.name / f"eval-seed{seed}"

@@ -125,7 +125,7 @@ def test_a_stale_state_is_started_over_when_the_caller_owns_the_folder(tiny_mode
     seeded = dataclasses.replace(SPEC, seed=1)
     res = distill(student, out, tiny_model, ByteTokenizer(), DATA, seeded, overwrite=True, discard_stale=True, progress=False)
     assert res.resumed_from == 0 and not work_dir(out).exists()
-    fresh = distill(student, tmp_path / "fresh", tiny_model, ByteTokenizer(), DATA, seeded, progress=False)
+    distill(student, tmp_path / "fresh", tiny_model, ByteTokenizer(), DATA, seeded, progress=False)
     got, expected = load_file(str(out / "model.safetensors")), load_file(str(tmp_path / "fresh" / "model.safetensors"))
     assert all(torch.equal(got[k], expected[k]) for k in expected)  # the same model as a run that never saw the stale state
 
