@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from autocompress.arch.importance import rank_units
 from autocompress.arch.space import Architecture, Block
@@ -70,6 +70,36 @@ def test_seeds_train_on_other_windows_and_give_other_models(tiny_model: Any, stu
     assert "windows" not in fingerprint(student, SPEC, DATA) and "windows" in fingerprint(student, dataclasses.replace(SPEC, seed=1), DATA)
 
 
+def test_a_state_belongs_to_its_student_and_teacher(tiny_model: Any, student: Path, tmp_path: Path) -> None:
+    """Another checkpoint in the same folder, or another teacher, is another distillation: never resumed."""
+    before = fingerprint(student, SPEC, DATA, tiny_model)
+    assert fingerprint(student, SPEC, DATA, tiny_model) == before  # stable
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in student.iterdir():
+        other.joinpath(f.name).write_bytes(f.read_bytes())
+    weights = load_file(str(other / "model.safetensors"))
+    name = next(iter(weights))
+    weights[name] = weights[name] + 1.0
+    save_file(weights, str(other / "model.safetensors"))
+    assert fingerprint(other, SPEC, DATA, tiny_model)["student_digest"] != before["student_digest"]
+    param = next(iter(tiny_model.parameters()))
+    saved = param.detach().clone()
+    with torch.no_grad():
+        param.add_(1.0)
+    try:
+        assert fingerprint(student, SPEC, DATA, tiny_model)["teacher"] != before["teacher"]
+    finally:
+        with torch.no_grad():
+            param.copy_(saved)  # the fixture is shared: restored bit for bit
+
+
+def test_too_little_text_names_the_distillation_settings(tiny_model: Any, student: Path, tmp_path: Path) -> None:
+    too_many = dataclasses.replace(SPEC, tokens=10**7, seed=1)
+    with pytest.raises(ConfigError, match=r"for distillation seed 1 .*\(distill\.tokens / distill\.seq_len windows"):
+        distill(student, tmp_path / "out", tiny_model, ByteTokenizer(), DATA, too_many, progress=False)
+
+
 class Interrupt(Exception):
     pass
 
@@ -122,9 +152,24 @@ def test_a_stale_state_is_started_over_when_the_caller_owns_the_folder(tiny_mode
 
     with pytest.raises(Interrupt):  # an interrupted seed-0 run leaves its state at step 4
         distill(student, out, tiny_model, ByteTokenizer(), DATA, SPEC, progress=False, on_step=stop)
+    with pytest.raises(Interrupt):  # the same settings still resume (to step 4, stopped again at 5)
+        distill(student, out, tiny_model, ByteTokenizer(), DATA, SPEC, discard_stale=True, progress=False, on_step=stop)
+    assert torch.load(work_dir(out) / "state.pt", weights_only=False)["step"] == 4
     seeded = dataclasses.replace(SPEC, seed=1)
-    res = distill(student, out, tiny_model, ByteTokenizer(), DATA, seeded, overwrite=True, discard_stale=True, progress=False)
-    assert res.resumed_from == 0 and not work_dir(out).exists()
+    seen: list[float] = []
+    res = distill(
+        student,
+        out,
+        tiny_model,
+        ByteTokenizer(),
+        DATA,
+        seeded,
+        overwrite=True,
+        discard_stale=True,
+        progress=False,
+        on_step=lambda r: seen.append(r["step"]),
+    )
+    assert res.resumed_from == 0 and seen[0] == 1
     distill(student, tmp_path / "fresh", tiny_model, ByteTokenizer(), DATA, seeded, progress=False)
     got, expected = load_file(str(out / "model.safetensors")), load_file(str(tmp_path / "fresh" / "model.safetensors"))
     assert all(torch.equal(got[k], expected[k]) for k in expected)  # the same model as a run that never saw the stale state

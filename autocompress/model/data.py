@@ -154,7 +154,15 @@ def _layout(n_tokens: int, seq_len: int, k: int, rng: random.Random) -> list[int
 
 
 def _windows(
-    docs: list[str], order: list[int], is_file: bool, tokenizer: Any, n: int, spec: DataSpec, name: str, sample_seed: int = 0
+    docs: list[str],
+    order: list[int],
+    is_file: bool,
+    tokenizer: Any,
+    n: int,
+    spec: DataSpec,
+    name: str,
+    sample_seed: int = 0,
+    wants: str = "",
 ) -> tuple[torch.Tensor, list[int], int]:
     """`n` windows of `spec.seq_len` tokens from the documents `order` (corpus indices), spread across as many documents as possible.
 
@@ -162,8 +170,9 @@ def _windows(
     concatenated (EOS between them) and windowed together. While windows are missing, later passes
     take one more non-overlapping window from each document long enough, up to
     `spec.windows_per_document`. A non-zero `sample_seed` takes the split's documents in another order
-    and other offsets (the same split, other windows). Returns (windows, corpus indices of the documents
-    used, tokens read).
+    and other offsets (the same split, other windows). `wants`: the settings that set `n` and the window
+    length when they are not data.* ones (a distillation's), for the error. Returns (windows, corpus
+    indices of the documents used, tokens read).
     """
     seq_len = spec.seq_len
     rng = random.Random(f"{spec.seed}:{name}" if sample_seed == 0 else f"{spec.seed}:{name}:{sample_seed}")
@@ -210,22 +219,29 @@ def _windows(
         share = "lower data.select_share / data.report_share" if name == "calib" else f"raise data.{name}_share"
         # short documents are windowed together in the order read, so a seed's count can differ a little from seed 0's
         seeded = f" for distillation seed {sample_seed}" if sample_seed else ""
+        need = (
+            f"{n} are needed ({wants}); lower those"
+            if wants
+            else f"data.{name}_sequences={n} are needed; lower data.{name}_sequences or data.seq_len"
+        )
         raise ConfigError(
             f"the {name} split ({len(order)} documents, {read:,} tokens) yields only {len(rows)} windows of {seq_len} tokens{seeded} "
-            f"(at most {spec.windows_per_document} per document), data.{name}_sequences={n} are needed; lower "
-            f"data.{name}_sequences or data.seq_len, raise data.windows_per_document, {share}, or give more text"
+            f"(at most {spec.windows_per_document} per document), {need}, raise data.windows_per_document, {share}, or give more text"
         )
     return torch.tensor(rows[:n], dtype=torch.long).view(n, seq_len), sorted(used), read
 
 
-def load_token_data(spec: DataSpec, tokenizer: Any, splits: Collection[str] = SPLITS, calib_seed: int = 0) -> TokenData:
+def load_token_data(
+    spec: DataSpec, tokenizer: Any, splits: Collection[str] = SPLITS, calib_seed: int = 0, calib_wants: str = ""
+) -> TokenData:
     """Calibration, selection and report windows from three disjoint document sets.
 
     `splits`: which splits to tokenise; the others come back empty ([0, seq_len]). The document
     split itself is always the same, so e.g. distillation's report windows share no document with
     its calibration windows nor with a sweep's selection windows. `calib_seed` (0: the windows every
     tool shares) draws other calibration windows from the same calibration documents: a distillation
-    seed; the selection and report windows do not change with it.
+    seed; the selection and report windows do not change with it. `calib_wants` names the settings that
+    set the calibration count and length when a caller derives them (a distillation), for the error.
     """
     unknown = sorted(set(splits) - set(SPLITS))
     if unknown:
@@ -242,7 +258,8 @@ def load_token_data(spec: DataSpec, tokenizer: Any, splits: Collection[str] = SP
         data.split_documents[name] = len(parts[name])
         if name in splits:
             seed = calib_seed if name == "calib" else 0
-            rows, used, read = _windows(docs, parts[name], is_file, tokenizer, counts[name], spec, name, seed)
+            wants = calib_wants if name == "calib" else ""
+            rows, used, read = _windows(docs, parts[name], is_file, tokenizer, counts[name], spec, name, seed, wants)
             setattr(data, name, rows)
             data.documents[name], data.split_tokens[name] = used, read
     return data

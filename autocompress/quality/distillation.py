@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -20,6 +21,7 @@ from tqdm.auto import tqdm
 
 from autocompress.config.schema import DataSpec
 from autocompress.errors import ConfigError
+from autocompress.io import log as log_line
 from autocompress.model.data import load_token_data
 from autocompress.quality.tasks import evaluation_paths
 
@@ -154,8 +156,33 @@ def seeded_identity(seed: int) -> dict[str, str]:
     return {"windows": SEEDED_WINDOWS} if seed else {}
 
 
-def fingerprint(student_dir: Path, spec: DistillSpec, data: DataSpec) -> dict[str, Any]:
+def _student_digest(student_dir: Path) -> str:
+    """What the student is, not only where: its config and weight files' bytes (another trial in the same folder differs)."""
+    h = hashlib.sha256()
+    for f in sorted(student_dir.iterdir()):
+        if f.is_file() and (f.name == "config.json" or f.suffix in (".safetensors", ".bin")):
+            h.update(f.name.encode())
+            with f.open("rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 24), b""):
+                    h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def _teacher_digest(teacher: Any) -> str:
+    """The teacher's config and a checksum of its weights (another teacher or checkpoint differs)."""
+    config: Any = getattr(teacher, "config", None)
+    text = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else type(teacher).__name__
+    with torch.no_grad():
+        total = sum(float(p.detach().double().sum()) for p in teacher.parameters())
+    return hashlib.sha256(f"{text}|{total:.10e}".encode()).hexdigest()[:16]
+
+
+def fingerprint(student_dir: Path, spec: DistillSpec, data: DataSpec, teacher: Any = None) -> dict[str, Any]:
+    """A resumable state's identity: the student (path and content), the teacher, the settings, the text, the seed's windows."""
     out = {"student": str(student_dir.resolve()), "distill": dataclasses.asdict(spec), "data": dataclasses.asdict(data)}
+    out["student_digest"] = _student_digest(student_dir)
+    if teacher is not None:
+        out["teacher"] = _teacher_digest(teacher)
     return out | seeded_identity(spec.seed)
 
 
@@ -182,7 +209,7 @@ def _load_state(work: Path, expected: dict[str, Any], discard_stale: bool = Fals
     if state["fingerprint"] != expected:
         changed = sorted(k for k in expected if state["fingerprint"].get(k) != expected[k])
         if discard_stale:
-            print(f"distill: {work} holds a distillation with other settings ({', '.join(changed)} differ); starting over")
+            log_line(f"{work} holds a distillation with other settings ({', '.join(changed)} differ); starting over")
             shutil.rmtree(work)
             return None
         raise ConfigError(
@@ -249,9 +276,10 @@ def distill(
         tokenizer,
         splits=("calib", "report"),
         calib_seed=spec.seed,  # seeds differ in their training text; the report windows (KL before / after) stay the same
+        calib_wants="distill.tokens / distill.seq_len windows of distill.seq_len tokens",
     )
     work = work_dir(out)
-    expected = fingerprint(student_dir, spec, data)
+    expected = fingerprint(student_dir, spec, data, teacher)
     if not resume:
         shutil.rmtree(work, ignore_errors=True)
     state = _load_state(work, expected, discard_stale)
