@@ -8,11 +8,11 @@ the sweep runs first unless `compare.run` names a finished one. Minitron's is th
 selection-split KL of its top-k homogeneous candidates that meet the same absolute constraints under
 the same cost model (autocompress.baselines.minitron, as ModelOpt's mcore_minitron). With
 `compare.probe.candidates=N` both picks are made instead among each method's N best by selection-split
-KL after a short distillation of each (autocompress.quality.probe; the Minitron paper's step, off by
-default). KL before distillation is reported on the report split. The table reports the constraint, predicted (and, where the engine
-runs here, measured) costs, parameters, each benchmark and the average (means over seeds),
-perplexities, and AutoCompress minus Minitron with a 95% interval from a bootstrap over items and
-distillation seeds.
+KL after a short distillation of each (autocompress.quality.probe; the Minitron paper's step; by default
+N = 3 for Llama-family runs and off for hybrid-MoE runs; 0 = off). KL before distillation is reported on
+the report split. The table reports the constraint, predicted (and, where the engine runs here,
+measured) costs, parameters, each benchmark and the average (means over seeds), perplexities, and
+AutoCompress minus Minitron with a 95% interval from a bootstrap over items and distillation seeds.
 Every stage lands in the output folder and is reused when rerun with the same settings.
 """
 
@@ -194,7 +194,7 @@ def minitron_stage(job: CompareJob, ctx: Context, out: Path) -> None:
     if job.compare.probe.on:  # its top candidates by selection KL, distilled briefly, scored again (as AutoCompress's)
         from autocompress.quality.probe import chosen
 
-        top = res.scored.nsmallest(job.compare.probe.candidates, "kl", keep="first")
+        top = res.scored.nsmallest(job.compare.probe.count, "kl", keep="first")
         report4 = ctx.data.report[:4]
 
         def writer(i: int) -> Callable[[Path], object]:
@@ -349,7 +349,7 @@ def hybrid_context(job: CompareJob, run: Any, spec: RunSpec, row: dict[str, Any]
     if job.compare.measure == "always":
         raise ConfigError("compare.measure=always: compare measures Llama-family models only; use auto or never for a hybrid-MoE run")
     if job.compare.probe.on:
-        raise ConfigError("compare.probe.candidates: the probe picks among Llama-family candidates only; set it to 0 for a hybrid-MoE run")
+        raise ConfigError("compare.probe.candidates: the probe picks among Llama-family candidates only; drop it (off by default here)")
     path = model_path(spec)
     model, tokenizer = load_moe(path)
     hw, _ = hardware_terms(spec.scenario.hardware, spec.cost_model)
@@ -444,7 +444,7 @@ def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Mo
     from autocompress.checkpoints.pipeline import ExportRequest, export
 
     if job.compare.probe.on and job.compare.trial is None:
-        candidates = top_trials(ctx.run.trials, job.compare.probe.candidates)
+        candidates = top_trials(ctx.run.trials, job.compare.probe.count)
         path = out / "autocompress" / "probe.json"
         key = {**_probe_inputs(job, ctx), "trials": candidates[["trial_id", "architecture"]].values.tolist()}
         stages.run("autocompress/probe", key, path, partial(autocompress_probe_stage, job, ctx, candidates, path))
@@ -523,6 +523,8 @@ def run_compare(job: CompareJob, config_yaml: str = "") -> Path:
     stages = Stages(out)
     start = time.time()
     ctx = build_context(job, run_dir)
+    probe = job.compare.probe.resolved(ctx.hybrid)  # the default: on for a Llama-family run, off for a hybrid-MoE one
+    job = dataclasses.replace(job, compare=dataclasses.replace(job.compare, probe=probe))
     timings["prepare"] = time.time() - start
     models = _models(job, ctx, out, stages)
     base = _distill_and_evaluate(job, ctx, out, stages, models)

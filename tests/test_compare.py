@@ -98,7 +98,12 @@ def test_top_trials_one_per_architecture() -> None:
 
 def test_probe_settings_are_checked() -> None:
     job = job_from_dict(compose_dict("+scenario=rtx5070_coding"))
-    assert not job.compare.probe.on  # off by default: picks are by selection-split KL before distillation
+    probe = job.compare.probe  # the default: resolved by the run's family once compare has read the run
+    assert probe.candidates is None and not probe.on
+    assert probe.resolved(hybrid=False).candidates == 3 and probe.resolved(hybrid=False).on  # Llama family: the top 3
+    assert not probe.resolved(hybrid=True).on  # hybrid-MoE: off (the probe picks among Llama-family candidates only)
+    off = job_from_dict(compose_dict("+scenario=rtx5070_coding", "compare.probe.candidates=0")).compare.probe
+    assert off.resolved(hybrid=False).candidates == 0  # an explicit setting is kept
     for bad in ("compare.probe.candidates=1", "compare.probe.candidates=-2", "compare.probe.tokens=0"):
         with pytest.raises(ConfigError, match=r"compare\.probe\."):
             job_from_dict(compose_dict("+scenario=rtx5070_coding", bad))
@@ -156,6 +161,7 @@ def test_compare_runs_every_stage_and_reuses_them(
         f"compare.run={run}",
         "compare.measure=always",
         "compare.bootstrap=200",
+        "compare.probe.candidates=0",  # off here: the run below with the probe on reuses this one's stages
         "compare.minitron.importance_sequences=4",
         "compare.minitron.score_sequences=2",
         "distill.tokens=512",

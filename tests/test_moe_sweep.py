@@ -84,6 +84,7 @@ def test_compare_runs_on_the_hybrid_run(moe_run: Path, tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((out / "compare.json").read_text())
     mt, meta = summary["minitron"], json.loads((moe_run / "metadata.json").read_text())
+    assert summary["probe"] is None  # compare.probe's default (on for Llama-family runs) is off for a hybrid-MoE run
     assert mt["label"].startswith("Minitron") and {"experts", "expert_ffn", "shared_ffn"} <= set(mt)
     # the 0.92x memory bound needs an attention layer dropped, which ModelOpt's depth limit 0.2 (6 layers: keep 6) forbids
     assert mt["limits"]["tried"][0] == {"max_width_pruning": 0.4, "max_depth_pruning": 0.2, "feasible": 0} and mt["limits"]["widened"]

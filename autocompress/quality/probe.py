@@ -5,7 +5,8 @@ The Minitron paper retrains its top candidates lightly before the final choice (
 `compare.probe.candidates=N`, compare takes each method's N best candidates by selection-split KL
 before distillation, distils each for `compare.probe.tokens` tokens (the distill/ settings otherwise:
 same optimiser, seed and calibration text), measures KL to the unpruned model on the selection
-split again, and keeps the lowest. The report split is never looked at for the choice.
+split again, and keeps the lowest. The report split is never looked at for the choice. By default N is
+DEFAULT_CANDIDATES for a Llama-family run and 0 (off) for a hybrid-MoE run; 0 turns it off.
 """
 
 from __future__ import annotations
@@ -25,23 +26,40 @@ from autocompress.errors import ConfigError
 from autocompress.io import log
 from autocompress.quality.distillation import DistillSpec, distill, heldout_kl
 
+# In five compares at 96 search steps the probe moved AutoCompress's pick twice, each to a better result, and kept
+# every other pick (docs/benchmarks.md, "picking after a short distillation of the top candidates").
+DEFAULT_CANDIDATES = 3
+
 
 @dataclass(frozen=True)
 class ProbeSpec:
     """conf/compare/default.yaml, compare.probe."""
 
-    candidates: int = 0  # per method: its top-N by selection-split KL before distillation; 0 = off (pick by that KL)
+    candidates: int | None = None  # per method: its top-N by selection-split KL before distillation; 0 = off (pick by that KL);
+    # None = DEFAULT_CANDIDATES for a Llama-family run, off for a hybrid-MoE one (the probe picks among Llama-family candidates only)
     tokens: int = 16384  # distillation tokens per candidate
 
     def __post_init__(self) -> None:
-        if self.candidates < 0 or self.candidates == 1:
-            raise ConfigError(f"compare.probe.candidates must be 0 (off) or >= 2, got {self.candidates!r}")
+        if self.candidates is not None and (self.candidates < 0 or self.candidates == 1):
+            raise ConfigError(f"compare.probe.candidates must be 0 (off), >= 2 or null (the default), got {self.candidates!r}")
         if self.tokens <= 0:
             raise ConfigError(f"compare.probe.tokens must be > 0, got {self.tokens!r}")
 
     @property
     def on(self) -> bool:
-        return self.candidates > 0
+        """Whether the probe runs; a default (None) not yet resolved for the run's family counts as off."""
+        return bool(self.candidates)
+
+    @property
+    def count(self) -> int:
+        """Candidates per method (0 while off or not yet resolved)."""
+        return self.candidates or 0
+
+    def resolved(self, hybrid: bool) -> ProbeSpec:
+        """The setting for a run of this family: the default becomes DEFAULT_CANDIDATES, or 0 for a hybrid-MoE run."""
+        if self.candidates is not None:
+            return self
+        return dataclasses.replace(self, candidates=0 if hybrid else DEFAULT_CANDIDATES)
 
     def distill_spec(self, base: DistillSpec) -> DistillSpec:
         """The compare's distillation settings at the probe's budget (resumable saves are pointless at this size)."""
