@@ -349,7 +349,7 @@ def hybrid_context(job: CompareJob, run: Any, spec: RunSpec, row: dict[str, Any]
     if job.compare.measure == "always":
         raise ConfigError("compare.measure=always: compare measures Llama-family models only; use auto or never for a hybrid-MoE run")
     if job.compare.probe.on:
-        raise ConfigError("compare.probe.candidates: the probe picks among Llama-family candidates only; drop it (off by default here)")
+        raise ConfigError("compare.probe.candidates: the probe picks among Llama-family candidates only; drop it (off for hybrid-MoE)")
     path = model_path(spec)
     model, tokenizer = load_moe(path)
     hw, _ = hardware_terms(spec.scenario.hardware, spec.cost_model)

@@ -161,7 +161,7 @@ def test_compare_runs_every_stage_and_reuses_them(
         f"compare.run={run}",
         "compare.measure=always",
         "compare.bootstrap=200",
-        "compare.probe.candidates=0",  # off here: the run below with the probe on reuses this one's stages
+        "compare.probe.candidates=0",  # off here (picks by selection KL before distillation); the run below turns it on
         "compare.minitron.importance_sequences=4",
         "compare.minitron.score_sequences=2",
         "distill.tokens=512",
