@@ -12,11 +12,16 @@ the same cost model:
   and repair measuring 1 candidate (so no move is chosen by measured KL);
 - argmax_before_repair: the picked search's most probable architecture before repair (may be
   infeasible: its feasibility and every search's repair and fill steps are recorded);
-- minitron: the ModelOpt mcore_minitron baseline (autocompress.baselines.minitron) at the same constraints.
+- minitron: the ModelOpt mcore_minitron baseline (autocompress.baselines.minitron) at the same constraints;
+- puzzletron: the ModelOpt puzzletron baseline (autocompress.baselines.puzzletron: block library, one-block scores on
+  the selection split, MIP, realised and tightened) at the same constraints.
 Every KL is on the report split; choices among candidates use the selection split only.
 Writes benchmarks/results/search_quality.json (the table) and --out (details); prints Markdown.
 
     .venv/bin/python benchmarks/search_quality.py --scenario rtx5070_coding data.source=jsonl data.path=../shared/data/corpora/c4_sample
+
+`--only puzzletron` runs that baseline alone and adds its row to the scenario's existing one (the other rows stay as
+they were measured; the bounds of both runs are recorded).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from autocompress.arch.space import Architecture
 from autocompress.baselines.minitron import MinitronSpec
 from autocompress.baselines.minitron import search as minitron_search
 from autocompress.baselines.naive import greedy_removal
+from autocompress.baselines.puzzletron import PuzzletronSpec
+from autocompress.baselines.puzzletron import search as puzzletron_search
 from autocompress.config.compose import compose_spec
 from autocompress.config.schema import LagrangianSettings
 from autocompress.cost import CostModel
@@ -51,7 +58,8 @@ SETTINGS = [
     LagrangianSettings(margin=0.1, dual_lr=0.5),
     LagrangianSettings(margin=0.0, dual_lr=0.5, seed=1),
 ]
-TABLE = ("searched", "search_only", "homogeneous_full_kv", "greedy", "cost_only", "argmax_before_repair", "minitron")
+TABLE = ("searched", "search_only", "homogeneous_full_kv", "greedy", "cost_only", "argmax_before_repair", "minitron", "puzzletron")
+ONLY = ("puzzletron",)  # baselines that can run alone (--only) and join an existing row
 
 
 def shape(arch: Architecture) -> dict[str, Any]:
@@ -80,16 +88,48 @@ def scored(
     return row | cm.predict(arch) | shape(arch) | (extra or {})
 
 
-def bench_scenario(name: str, n_settings: int, overrides: list[str], searches_only: bool = False) -> dict[str, Any]:
+def puzzletron_row(model: Any, inputs: SearchInputs, cm: CostModel) -> dict[str, Any]:
+    """Puzzletron's pick at the same bounds: its report-split KL, shape, and every MIP solve."""
+    space = inputs.space
+    start = time.time()
+    res = puzzletron_search(
+        model, space, cm, inputs.constraints, inputs.calib, inputs.select, inputs.teacher_select, PuzzletronSpec(), False
+    )
+    masked = MaskedModel(model, space, res.ranking)
+    kl, ppl = evaluate(model, masked, res.arch, inputs.report, inputs.teacher_report)
+    masked.remove()
+    slack = {c.metric: res.costs[c.metric] / c.value - 1 for c in inputs.constraints}  # < 0 below an upper bound
+    return {
+        "kl": kl,
+        "kl_select": res.kl_select,
+        "perplexity": ppl,
+        "params": res.arch.num_params(),
+        "feasible": meets(cm, inputs.constraints, res.arch),
+        **res.costs,
+        **shape(res.arch),
+        **res.shape(),
+        "relative_to_bound": slack,
+        "solves": len(res.solves),
+        "overshoots": [s["overshoot"] for s in res.solves],
+        "settings": res.settings,
+        "wall_s": time.time() - start,
+    }
+
+
+def bench_scenario(
+    name: str, n_settings: int, overrides: list[str], searches_only: bool = False, only: str | None = None
+) -> dict[str, Any]:
     spec = compose_spec(f"+scenario={name}", *overrides)
     prep = prepare(spec, progress=False)
     model, inputs, cm, space = prep.base.model, prep.inputs, prep.cost_model, prep.space
     cons = inputs.constraints
+    out: dict[str, Any] = {"scenario": name, "constraints": {c.metric: c.value for c in cons}, "cost_model": cm.id}
+    if only == "puzzletron":
+        return out | {"puzzletron": puzzletron_row(model, inputs, cm)}
     masked = MaskedModel(model, space, inputs.ranking)
 
     score = functools.partial(scored, model, masked, inputs, cm)
 
-    out: dict[str, Any] = {"scenario": name, "constraints": {c.metric: c.value for c in cons}, "cost_model": cm.id}
     searches = []
     for settings in SETTINGS[:n_settings]:
         res = run_search(model, inputs, cm, spec.search, settings)
@@ -107,7 +147,7 @@ def bench_scenario(name: str, n_settings: int, overrides: list[str], searches_on
     assert best_res.argmax is not None
     out["argmax_before_repair"] = score(best_res.argmax, {"repair_steps": best_res.repair_steps})
     if searches_only:  # an ablation of the search's own settings: the baselines do not change with them
-        out |= {"cost_only": None, "homogeneous_full_kv": None, "greedy": None, "minitron": None}
+        out |= {"cost_only": None, "homogeneous_full_kv": None, "greedy": None, "minitron": None, "puzzletron": None}
         masked.remove()
         return out
     settings = LagrangianSettings(**best["settings"])
@@ -131,6 +171,7 @@ def bench_scenario(name: str, n_settings: int, overrides: list[str], searches_on
     kl, ppl = evaluate(model, mmask, mt.best.arch, inputs.report, inputs.teacher_report)
     mmask.remove()
     out["minitron"] = {"kl": kl, "perplexity": ppl, "params": mt.best.params, "limits": mt.limits, "feasible": True, **shape(mt.best.arch)}
+    out["puzzletron"] = puzzletron_row(model, inputs, cm)
     return out
 
 
@@ -139,14 +180,14 @@ def markdown(results: list[dict[str, Any]]) -> str:
     for r in results:
         cells = []
         for key in TABLE:
-            row = r[key]
+            row = r.get(key)
             cells.append("n/a" if row is None else f"{row['kl']:.3f}" + ("" if row["feasible"] else " (infeasible)"))
-        steps = ", ".join(str(s["repair_steps"]) for s in r["searches"])
+        steps = ", ".join(str(s["repair_steps"]) for s in r.get("searches", []))
         lines.append(f"| {r['scenario']} | " + " | ".join(cells) + f" | {steps} |")
     lines += ["", "Shapes (attention: KV heads per layer, '-' = no-op; FFN width / 128):", ""]
     for r in results:
-        for key in ("searched", "search_only", "homogeneous_full_kv", "minitron"):
-            row = r[key]
+        for key in ("searched", "search_only", "homogeneous_full_kv", "minitron", "puzzletron"):
+            row = r.get(key)
             if row is not None:
                 ffn = " ".join("-" if f == 0 else f"{f // 128}" for f in row["ffn"])
                 lines.append(
@@ -162,6 +203,7 @@ def main() -> None:
     parser.add_argument("--settings", type=int, default=len(SETTINGS), help="how many of the Lagrangian settings to search with")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--searches-only", action="store_true", help="only the searches (an ablation of search.*): no baselines")
+    parser.add_argument("--only", choices=ONLY, help="this baseline alone, added to the scenario's existing row")
     parser.add_argument("--out", default="benchmarks/out/search_quality.json")
     parser.add_argument("--table", default="benchmarks/results/search_quality.json")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. search.steps=24")
@@ -171,13 +213,46 @@ def main() -> None:
     results = []
     for name in args.scenario:
         start = time.time()
-        results.append(bench_scenario(name, args.settings, args.overrides, args.searches_only) | {"wall_s": time.time() - start})
-        for path, data in ((Path(args.out), results), (Path(args.table), table(results, args, cpu))):
+        results.append(bench_scenario(name, args.settings, args.overrides, args.searches_only, args.only) | {"wall_s": time.time() - start})
+        new = joined(json.loads(Path(args.table).read_text()), results, args, cpu) if args.only else table(results, args, cpu)
+        for path, data in ((Path(args.out), results), (Path(args.table), new)):
             path.parent.mkdir(parents=True, exist_ok=True)
             if path == Path(args.table) and path.exists():  # other scenarios' rows stay; this run's replace theirs
                 data = merged(json.loads(path.read_text()), data)
             path.write_text(json.dumps(data, indent=1))
     print(markdown(results))
+
+
+def run_record(args: argparse.Namespace, cpu: str, scenario: str) -> dict[str, Any]:
+    import subprocess
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    cmd = f"benchmarks/search_quality.py --scenario {scenario}" + (f" --only {args.only}" if args.only else "")
+    return {
+        "command": (cmd + " " + " ".join(args.overrides)).strip(),
+        "cpu": cpu,
+        "machine": platform.machine(),
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def joined(old: dict[str, Any], results: list[dict[str, Any]], args: argparse.Namespace, cpu: str) -> dict[str, Any]:
+    """The existing table with this run's `--only` baseline added to each scenario's row (the row's other entries kept)."""
+    out: dict[str, Any] = {}
+    meta = old.get("_meta", {"runs": {}})
+    for r in results:
+        key, pick = args.only, r[args.only]
+        row = dict(old.get(r["scenario"], {}))
+        row[key] = pick["kl"]
+        row.setdefault("params", {})[key] = pick["params"]
+        row[f"{key}_params"] = pick["params"]
+        row[f"{key}_detail"] = {k: v for k, v in pick.items() if k not in ("kl", "params")} | {"constraints": r["constraints"]}
+        out[r["scenario"]] = row
+        meta["runs"].setdefault(r["scenario"], {})
+        meta["runs"][r["scenario"]] = {**meta["runs"][r["scenario"]], key: run_record(args, cpu, r["scenario"])}
+    out["_meta"] = meta
+    return out
 
 
 def merged(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -195,6 +270,9 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace, cpu: str) -> 
     out: dict[str, Any] = {}
     for r in results:
         row: dict[str, Any] = {k: None if r[k] is None else r[k]["kl"] for k in TABLE}
+        if r["puzzletron"] is not None:
+            row["puzzletron_params"] = r["puzzletron"]["params"]
+            row["puzzletron_detail"] = {k: v for k, v in r["puzzletron"].items() if k not in ("kl", "params")}
         row["argmax_before_repair_feasible"] = r["argmax_before_repair"]["feasible"]
         row["origin"] = r["searched"].get("origin", "search")
         row["repair_steps"] = [s["repair_steps"] for s in r["searches"]]
