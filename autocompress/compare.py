@@ -1,4 +1,7 @@
-"""`python -m autocompress.compare +scenario=NAME`: AutoCompress against the Minitron baseline at the same constraint.
+"""`python -m autocompress.compare +scenario=NAME`: AutoCompress against NVIDIA's pruning baselines at the same constraint.
+
+`compare.methods` names them (default: autocompress, minitron and, for Llama-family runs, puzzletron); a baseline
+other than Minitron is one `pick(context) -> Pick` in autocompress.baselines.interface.BASELINES.
 
 Both architectures go through the same pipeline: the export's weight slicing (and its verification),
 the same distillation budget from the same teacher on the same calibration text (once per seed in
@@ -35,7 +38,7 @@ import hydra
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from autocompress.baselines.comparison import CompareJob, Model, job_from_dict, markdown, model_row, paired_bootstrap
+from autocompress.baselines.comparison import TITLES, CompareJob, Model, job_from_dict, markdown, model_row, paired_bootstrap
 from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
 from autocompress.config.metrics import Constraint
@@ -299,6 +302,35 @@ def minitron_moe_stage(job: CompareJob, ctx: Context, out: Path) -> None:
     write_json(summary, out / "minitron.json")
 
 
+def baseline_stage(job: CompareJob, ctx: Context, name: str, out: Path) -> None:
+    """A registered baseline's pick (autocompress.baselines.interface), its checkpoint and `<name>.json`."""
+    from autocompress.arch.importance import teacher_hidden
+    from autocompress.arch.masking import MaskedModel
+    from autocompress.baselines.interface import BASELINES, PickContext
+    from autocompress.baselines.minitron import write_checkpoint
+    from autocompress.search.differentiable import evaluate
+
+    model, space = ctx.model, ctx.space
+    select = ctx.data.select
+    teacher = teacher_hidden(model, select, desc="teacher (selection)")
+    pctx = PickContext(model, space, ctx.cost_model, ctx.constraints, ctx.data.calib, select, teacher)
+    pick = BASELINES[name](pctx, getattr(job.compare, name))
+    report = ctx.data.report
+    masked = MaskedModel(model, space, pick.ranking)
+    kl_report, ppl_report = evaluate(model, masked, pick.arch, report, teacher_hidden(model, report, desc="teacher (report)"))
+    masked.remove()
+    summary = pick.summary() | {"kl_report": kl_report, "perplexity_report": ppl_report}
+    card = (
+        f"# {ctx.spec.model.name}, pruned by the {pick.label} baseline for `{ctx.spec.scenario.name}`\n\n"
+        f"Hidden {pick.arch.hidden_size}, attention per layer (KV heads, '-' = none) `{summary['attention']}`, "
+        f"FFN widths {summary['ffn']}; {pick.arch.num_params():,} parameters; selection-split KL {pick.kl_select:.4f} "
+        f"(cost model `{ctx.cost_model.id}`)."
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    write_checkpoint(model, ctx.tokenizer, space, pick.ranking, pick.arch, out / "pruned", report[:4], card)
+    write_json(summary, out / f"{name}.json")
+
+
 def cost_model_choice(configured: str, judged_by: str) -> str:
     """The cost model a run's trials were judged by: `auto` that meant the analytic model then (no fit existed for the
     hardware, e.g. before the GPU fits shipped in the package) still means it for that run."""
@@ -438,9 +470,8 @@ def minitron_widening() -> str:
     return WIDENING
 
 
-def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Model]:
-    """Both pruned checkpoints: the AutoCompress trial through the export, Minitron's pick through the same slicing."""
-    from autocompress.arch.space import Architecture
+def _autocompress_model(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> Model:
+    """The AutoCompress trial (the probe's pick where it is on) through the export."""
     from autocompress.checkpoints.pipeline import ExportRequest, export
 
     if job.compare.probe.on and job.compare.trial is None:
@@ -450,14 +481,32 @@ def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Mo
         stages.run("autocompress/probe", key, path, partial(autocompress_probe_stage, job, ctx, candidates, path))
         pick = json.loads(path.read_text())["chosen"]
         ctx.row = dict(candidates.set_index("trial_id", drop=False).loc[pick])
-    row, run_dir, cost_model = ctx.row, ctx.run.path, ctx.cost_model
-    request = ExportRequest(run_dir / RUN_TRIALS, out / "autocompress" / "pruned", trial=row["trial_id"], overwrite=True)
-    key = {"trial": row["trial_id"], "architecture": row["architecture"]}
-    stages.run("autocompress/pruned", key, request.out, partial(export, request))
+    row = ctx.row
+    request = ExportRequest(ctx.run.path / RUN_TRIALS, out / "autocompress" / "pruned", trial=row["trial_id"], overwrite=True)
+    stages.run(
+        "autocompress/pruned", {"trial": row["trial_id"], "architecture": row["architecture"]}, request.out, partial(export, request)
+    )
+    arch = _arch(ctx, row["architecture"])
+    return Model("autocompress", arch, ctx.cost_model.predict(arch), float(row["kl"]), label=str(row["trial_id"]))
+
+
+def _arch(ctx: Context, text: str) -> Any:
+    """An architecture JSON of this run's family."""
+    if ctx.hybrid:
+        from autocompress.baselines.minitron_moe import shape_from_json
+
+        return ctx.cost_model.arch(shape_from_json(text))
+    from autocompress.arch.space import Architecture
+
+    return Architecture.from_json(text)
+
+
+def _minitron_model(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> Model:
+    """Minitron's pick (dense or hybrid-MoE) through the same slicing."""
     mkey = {
         "minitron": dataclasses.asdict(job.compare.minitron),
         "widening": minitron_widening(),  # a pick made under an older widening rule is not reused
-        "cost_model": cost_model.id,
+        "cost_model": ctx.cost_model.id,
         "data": dataclasses.asdict(ctx.spec.data),
         "constraints": [dataclasses.asdict(c) for c in ctx.constraints],
         **({"probe": _probe_inputs(job, ctx)} if job.compare.probe.on else {}),  # without it, keys made before the probe still match
@@ -465,18 +514,37 @@ def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Mo
     stage = minitron_moe_stage if ctx.hybrid else minitron_stage
     stages.run("minitron/pruned", mkey, out / "minitron" / "pruned", partial(stage, job, ctx, out / "minitron"))
     mt = json.loads((out / "minitron" / "minitron.json").read_text())
+    arch = _arch(ctx, mt["architecture"])
     if ctx.hybrid:
-        from autocompress.baselines.minitron_moe import shape_from_json
-
-        ac_arch, mt_arch = (cost_model.arch(shape_from_json(a)) for a in (row["architecture"], mt["architecture"]))
-        mt_label = f"{mt['label']}: {len(mt_arch.shape.layers)} layers, {mt['experts']} experts"
+        label = f"{mt['label']}: {len(arch.shape.layers)} layers, {mt['experts']} experts"
     else:
-        ac_arch, mt_arch = Architecture.from_json(row["architecture"]), Architecture.from_json(mt["architecture"])
-        mt_label = f"{mt['label']}: {mt_arch.num_layers - len(mt['dropped_blocks'])} layers, {mt['num_attention_heads']} query heads"
-    return [
-        Model("autocompress", ac_arch, cost_model.predict(ac_arch), float(row["kl"]), label=str(row["trial_id"])),
-        Model("minitron", mt_arch, cost_model.predict(mt_arch), float(mt["kl_report"]), label=mt_label),
-    ]
+        label = f"{mt['label']}: {arch.num_layers - len(mt['dropped_blocks'])} layers, {mt['num_attention_heads']} query heads"
+    return Model("minitron", arch, ctx.cost_model.predict(arch), float(mt["kl_report"]), label=label)
+
+
+def _baseline_model(job: CompareJob, ctx: Context, out: Path, stages: Stages, name: str) -> Model:
+    """A baseline registered in autocompress.baselines.interface, through the same slicing."""
+    key = {
+        name: dataclasses.asdict(getattr(job.compare, name)),
+        "cost_model": ctx.cost_model.id,
+        "data": dataclasses.asdict(ctx.spec.data),
+        "constraints": [dataclasses.asdict(c) for c in ctx.constraints],
+    }
+    stages.run(f"{name}/pruned", key, out / name / "pruned", partial(baseline_stage, job, ctx, name, out / name))
+    done = json.loads((out / name / f"{name}.json").read_text())
+    arch = _arch(ctx, done["architecture"])
+    return Model(name, arch, ctx.cost_model.predict(arch), float(done["kl_report"]), label=done["label"])
+
+
+def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Model]:
+    """Every method's pruned checkpoint, in compare.methods' order (AutoCompress first)."""
+    models = [_autocompress_model(job, ctx, out, stages)]
+    for name in job.compare.methods or ("autocompress", "minitron"):
+        if name == "minitron":
+            models.append(_minitron_model(job, ctx, out, stages))
+        elif name != "autocompress":
+            models.append(_baseline_model(job, ctx, out, stages, name))
+    return models
 
 
 def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stages, models: list[Model]) -> Model:
@@ -524,7 +592,8 @@ def run_compare(job: CompareJob, config_yaml: str = "") -> Path:
     start = time.time()
     ctx = build_context(job, run_dir)
     probe = job.compare.probe.resolved(ctx.hybrid)  # the default: on for a Llama-family run, off for a hybrid-MoE one
-    job = dataclasses.replace(job, compare=dataclasses.replace(job.compare, probe=probe))
+    methods = job.compare.resolved_methods(ctx.hybrid)
+    job = dataclasses.replace(job, compare=dataclasses.replace(job.compare, probe=probe, methods=methods))
     timings["prepare"] = time.time() - start
     models = _models(job, ctx, out, stages)
     base = _distill_and_evaluate(job, ctx, out, stages, models)
@@ -537,14 +606,39 @@ def run_compare(job: CompareJob, config_yaml: str = "") -> Path:
 def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model], note: str, timings: dict[str, Any]) -> None:
 
     frame = pd.DataFrame([model_row(m, ctx.constraints) for m in models])
-    ac, mt = models[1], models[2]
-    diff = paired_bootstrap([r.items for r in ac.results], [r.items for r in mt.results], job.compare.bootstrap, job.compare.seed)
+    ac, others = models[1], {m.name: m for m in models[2:]}
+    diffs = {
+        name: paired_bootstrap([r.items for r in ac.results], [r.items for r in m.results], job.compare.bootstrap, job.compare.seed)
+        for name, m in others.items()
+    }
     write_parquet(frame, out / "compare.parquet")
-    write_parquet(diff, out / "diff.parquet")
-    text = markdown(frame, diff, ctx.constraints, note, job)
-    write_text(f"# AutoCompress vs Minitron: `{ctx.spec.scenario.name}`\n\n" + text, out / "compare.md")
-    minitron = json.loads((out / "minitron" / "minitron.json").read_text())
-    average = diff.set_index("task").loc["average"]
+    first = next(iter(diffs))  # diff.parquet: against the first baseline (Minitron unless compare.methods says otherwise)
+    write_parquet(pd.concat([d.assign(method=n) for n, d in diffs.items()], ignore_index=True), out / "diffs.parquet")
+    write_parquet(diffs[first], out / "diff.parquet")
+    text = markdown(frame, diffs, ctx.constraints, note, job)
+    title = " vs ".join(TITLES[m.name] for m in models[1:])
+    write_text(f"# {title}: `{ctx.spec.scenario.name}`\n\n" + text, out / "compare.md")
+    minitron = json.loads((out / "minitron" / "minitron.json").read_text()) if "minitron" in others else None
+    average = diffs[first].set_index("task").loc["average"]
+    diff_vs = {}
+    for name, d in diffs.items():
+        avg = d.set_index("task").loc["average"]
+        diff_vs[name] = {"mean": float(avg["diff"]), "low": float(avg["lo"]), "high": float(avg["hi"])}
+    baselines: dict[str, Any] = {}
+    for name, m in others.items():
+        if name == "minitron" and minitron is not None:
+            baselines[name] = {
+                "params": m.arch.num_params(),
+                "average": 100 * m.score("average"),
+                **{k: minitron[k] for k in ("label", "hidden_size", "num_attention_heads", "num_key_value_heads", "ffn")},
+                **{k: minitron[k] for k in ("experts", "expert_ffn", "shared_ffn") if k in minitron},  # hybrid-MoE runs
+                "dropped_blocks": minitron["dropped_blocks"],
+                "limits": minitron["limits"],
+            }
+            continue
+        done = json.loads((out / name / f"{name}.json").read_text())
+        keep = ("label", "hidden_size", "attention", "ffn", "blocks", "solves", "kl_select", "kl_report")
+        baselines[name] = {"params": m.arch.num_params(), "average": 100 * m.score("average"), **{k: done[k] for k in keep if k in done}}
     write_json(
         {
             "scenario": ctx.spec.scenario.name,
@@ -554,15 +648,10 @@ def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model],
                 "average": 100 * ac.score("average"),
                 "origin": None if pd.isna(ctx.row.get("origin")) else str(ctx.row.get("origin")),
             },
-            "minitron": {
-                "params": mt.arch.num_params(),
-                "average": 100 * mt.score("average"),
-                **{k: minitron[k] for k in ("label", "hidden_size", "num_attention_heads", "num_key_value_heads", "ffn")},
-                **{k: minitron[k] for k in ("experts", "expert_ffn", "shared_ffn") if k in minitron},  # hybrid-MoE runs
-                "dropped_blocks": minitron["dropped_blocks"],
-                "limits": minitron["limits"],
-            },
-            "diff": {"mean": float(average["diff"]), "low": float(average["lo"]), "high": float(average["hi"])},
+            **baselines,
+            "methods": list(job.compare.methods or ()),
+            "diff": {"mean": float(average["diff"]), "low": float(average["lo"]), "high": float(average["hi"]), "vs": first},
+            "diff_vs": diff_vs,
             "seeds": list(job.compare.seeds),
             "run": str(ctx.run.path),
             "trial": ctx.row["trial_id"],
@@ -585,14 +674,13 @@ def _probe_summary(job: CompareJob, out: Path) -> dict[str, Any] | None:
     if not probe.on:
         return None
     ac = json.loads((out / "autocompress" / "probe.json").read_text()) if job.compare.trial is None else None
-    mt = pd.read_parquet(out / "minitron" / "candidates.parquet")
-    mt = mt[mt["kl_select_probe"].notna()]
-    columns = ["params", "kl", "kl_select_probe", "chosen", "architecture"]
-    return {
-        **dataclasses.asdict(probe),
-        "autocompress": ac["candidates"] if ac else "compare.trial was given: not probed",
-        "minitron": [{**r, "kl_select": r.pop("kl")} for r in mt[columns].to_dict("records")],
-    }
+    summary = {**dataclasses.asdict(probe), "autocompress": ac["candidates"] if ac else "compare.trial was given: not probed"}
+    if "minitron" in (job.compare.methods or ()):
+        mt = pd.read_parquet(out / "minitron" / "candidates.parquet")
+        mt = mt[mt["kl_select_probe"].notna()]
+        columns = ["params", "kl", "kl_select_probe", "chosen", "architecture"]
+        summary["minitron"] = [{**r, "kl_select": r.pop("kl")} for r in mt[columns].to_dict("records")]
+    return summary
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")

