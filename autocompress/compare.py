@@ -314,7 +314,7 @@ def baseline_stage(job: CompareJob, ctx: Context, name: str, out: Path) -> None:
     select = ctx.data.select
     teacher = teacher_hidden(model, select, desc="teacher (selection)")
     pctx = PickContext(model, space, ctx.cost_model, ctx.constraints, ctx.data.calib, select, teacher)
-    pick = BASELINES[name](pctx, getattr(job.compare, name))
+    pick = BASELINES[name].pick(pctx, getattr(job.compare, name))
     report = ctx.data.report
     masked = MaskedModel(model, space, pick.ranking)
     kl_report, ppl_report = evaluate(model, masked, pick.arch, report, teacher_hidden(model, report, desc="teacher (report)"))

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from autocompress.arch.importance import sublayer_order
-from autocompress.arch.space import Architecture, Block
+from autocompress.arch.space import Architecture, Block, SearchSpace
+from autocompress.baselines.interface import BASELINES
 from autocompress.baselines.naive import greedy_removal
+from autocompress.config.metrics import Constraint
+from autocompress.config.schema import Hardware, Workload
+from autocompress.cost import AnalyticCostModel
+from autocompress.cost.base import meets
 from autocompress.search.rival import best_homogeneous, homogeneous_full_kv
 
 from .test_minitron import smollm2_setup
@@ -71,3 +77,24 @@ def test_greedy_removal_stops_at_the_first_feasible_architecture() -> None:
 def test_sublayer_order_covers_every_sublayer(tiny_model: Any, tokens: torch.Tensor) -> None:
     order = sublayer_order(tiny_model, tokens)
     assert sorted(order) == sorted([(k, i) for k in ("attention", "ffn") for i in range(3)])
+
+
+@pytest.mark.parametrize("name", sorted(BASELINES))
+def test_every_registered_baseline_keeps_the_pick_contract(name: str, tiny_model: Any, tiny_space: SearchSpace) -> None:
+    """What compare relies on from any baseline in BASELINES: a pick inside the space that meets every bound, its
+    selection-split KL, a ranking the export can slice by, and a summary with the shape per layer."""
+    from autocompress.arch.importance import teacher_hidden
+    from autocompress.baselines.comparison import CompareSpec
+    from autocompress.baselines.interface import PickContext
+
+    hw = Hardware(name="cpu", peak_tflops=0.1, mem_bandwidth_gbs=20, memory_gib=16, step_overhead_ms=0, block_overhead_us=0)
+    cm = AnalyticCostModel(tiny_space, hw, Workload(name="w", prompt_len=64, output_len=16, concurrency=2, context_len=128))
+    cons = (Constraint("ttft_ms", 0.8 * cm.predict(tiny_space.largest())["ttft_ms"]),)
+    calib = torch.randint(0, 256, (8, 16), generator=torch.Generator().manual_seed(1))
+    select = torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(2))
+    ctx = PickContext(tiny_model, tiny_space, cm, cons, calib, select, teacher_hidden(tiny_model, select, progress=False), progress=False)
+    pick = BASELINES[name].pick(ctx, getattr(CompareSpec(), name))  # its settings: CompareSpec's field of the same name
+    assert tiny_space.allows(pick.arch) and meets(cm, cons, pick.arch)
+    assert pick.kl_select > 0 and pick.label and sorted(pick.ranking.ffn[0].tolist()) == list(range(96))
+    summary = pick.summary()
+    assert summary["params"] == pick.arch.num_params() and len(summary["attention"]) == len(summary["ffn"]) == 3

@@ -2,8 +2,8 @@
 
 A baseline sees the unpruned model, the search space, the run's cost model and absolute constraints and the token
 splits (it chooses on the selection split only) and returns its architecture with what compare records of it. Adding
-a baseline: a function `pick(ctx, settings) -> Pick` here (or in its own module), one entry in BASELINES, and its
-settings under `compare.<name>` in conf/compare/default.yaml.
+a baseline (docs/baselines.md): a function `pick(ctx, settings) -> Pick` here (or in its own module), one entry in
+BASELINES, its settings dataclass as a field of CompareSpec and under `compare.<name>` in conf/compare/default.yaml.
 """
 
 from __future__ import annotations
@@ -123,4 +123,19 @@ def greedy_pick(ctx: PickContext, settings: NaiveSpec) -> Pick:
 
 
 BaselinePick = Callable[[PickContext, Any], Pick]
-BASELINES: dict[str, BaselinePick] = {"puzzletron": puzzletron_pick, "homogeneous": homogeneous_pick, "greedy": greedy_pick}
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A registered baseline: its pick, its name in tables, the families it prunes."""
+
+    pick: BaselinePick
+    title: str
+    llama_only: bool = True  # left out of a hybrid-MoE run's default methods, refused when named there
+
+
+BASELINES: dict[str, Baseline] = {
+    "puzzletron": Baseline(puzzletron_pick, "Puzzletron"),
+    "homogeneous": Baseline(homogeneous_pick, "homogeneous"),
+    "greedy": Baseline(greedy_pick, "greedy"),
+}
