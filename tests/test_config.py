@@ -144,8 +144,16 @@ def test_cli_prints_resolved_config() -> None:
 
 def test_cli_unknown_scenario(tmp_path: Path) -> None:
     out = run_cli("autocompress.sweep", "+scenario=nope", f"results.dir={tmp_path}")
-    assert out.returncode == 2  # Hydra's own errors exit 2 like every other bad input
-    assert "Could not find 'scenario/nope'" in out.stderr and "h100_batched" in out.stderr
+    assert out.returncode == 2  # Hydra's own errors exit 2 like every other bad input, in one line
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()] and out.stderr.startswith("error: scenario=nope is not a shipped")
+    assert "h100_batched" in out.stderr and "conf/scenario/nope.yaml" in out.stderr
+    _no_results(tmp_path)
+
+
+def test_cli_misspelled_key_is_one_line_with_the_nearest_key(tmp_path: Path) -> None:
+    out = run_cli("autocompress.sweep", "+scenario=h100_batched", "sweep.num_trial=3", f"results.dir={tmp_path}")
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [out.stderr.strip()], out.stderr
+    assert "error: unknown key sweep.num_trial; did you mean sweep.num_trials" in out.stderr
     _no_results(tmp_path)
 
 

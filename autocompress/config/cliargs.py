@@ -51,15 +51,87 @@ def guarded(body: Callable[[], Any], usage: str | None = None, interrupted: str 
     return 0
 
 
+class _HeldStderr:
+    """stderr that holds what is written until the task starts (Hydra's composing), then writes through."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.held: list[str] = []
+
+    def write(self, text: str) -> int:
+        if _TASK_STARTED:
+            self.release()
+            return int(self.real.write(text))
+        self.held.append(text)
+        return len(text)
+
+    def release(self) -> None:
+        if self.held:
+            self.real.write("".join(self.held))
+            self.held = []
+
+    def flush(self) -> None:
+        if _TASK_STARTED:
+            self.release()
+        self.real.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
 def hydra_entry(main: Callable[[], None]) -> None:
     """Run a @hydra.main entry point so that Hydra's own errors (unknown key, bad group option, malformed
-    override: all before the task runs) exit 2 like every other bad input; a crash inside the task keeps exit 1."""
+    override: all before the task runs) end as one `error:` line naming the value and the nearest valid choices, exit 2
+    like every other bad input; a crash inside the task keeps exit 1 and its traceback."""
+    real = sys.stderr
+    held = _HeldStderr(real)
+    sys.stderr = held
     try:
         main()
     except SystemExit as exc:
         if exc.code == 1 and not _TASK_STARTED:
+            print(f"error: {hydra_error_line(''.join(held.held))}", file=real)
+            held.held = []
             raise SystemExit(2) from None
         raise
+    finally:
+        sys.stderr = real
+        held.release()
+
+
+def hydra_error_line(text: str) -> str:
+    """Hydra's multi-line message -> one line: what is wrong and the nearest valid choices."""
+    import difflib
+    import re
+
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("Set the environment variable HYDRA")]
+    missing = re.search(r"Could not find '([\w./-]+)/([^']+)'", text)
+    if missing:
+        group, name = missing.groups()
+        options = [line.strip() for line in text.split("Available options in", 1)[-1].splitlines()[1:] if line.startswith("\t")]
+        near = sorted(options, key=lambda o: -difflib.SequenceMatcher(None, name, o).ratio())  # nearest first
+        return f"{group}={name} is not a shipped {group}; choose one of {', '.join(near)} (or write conf/{group}/{name}.yaml)"
+    unknown = re.search(r"full_key: ([\w.]+)", text)
+    if unknown and "not in struct" in text:
+        key = unknown.group(1)
+        parent, _, leaf = key.rpartition(".")
+        near = difflib.get_close_matches(leaf, _config_keys(parent), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(f'{parent}.{n}' if parent else n for n in near)}?" if near else ""
+        return f"unknown key {key}{hint} (add a new key with +{key}=VALUE)"
+    return "; ".join(lines[:2]) if lines else "the command line could not be composed (Hydra)"
+
+
+def _config_keys(path: str) -> list[str]:
+    """The keys under `path` of the shipped default config (empty where it cannot be composed)."""
+    try:
+        from autocompress.config.compose import compose_dict
+
+        node: Any = compose_dict()
+        for part in filter(None, path.split(".")):
+            node = node[part]
+        return list(node) if isinstance(node, dict) else []
+    except Exception:
+        return []
 
 
 class UsageError(ConfigError):
