@@ -14,6 +14,7 @@ from autocompress.baselines.minitron import (
     MinitronSpec,
     enumerate_candidates,
     feasible_candidates,
+    grid,
     limit_levels,
     modelopt_choices,
     search,
@@ -23,7 +24,7 @@ from autocompress.baselines.minitron import (
 from autocompress.config.metrics import Constraint
 from autocompress.config.schema import Hardware, SpaceSpec, Workload
 from autocompress.cost import AnalyticCostModel
-from autocompress.errors import InfeasibleError
+from autocompress.errors import ConfigError, InfeasibleError
 from autocompress.model.base import ByteTokenizer
 
 from .test_arch import SMOLLM2
@@ -189,3 +190,20 @@ def test_search_picks_the_best_scored_of_the_top_k_and_exports_it(tiny_model: An
     fmt = write_checkpoint(tiny_model, ByteTokenizer(), tiny_space, res.ranking, res.best.arch, tmp_path / "mt", calib[:2], "# card")
     assert fmt in ("llama", "decilm") and (tmp_path / "mt" / "config.json").exists()  # verify_export raised otherwise
     assert "Verified" in (tmp_path / "mt" / "README.md").read_text()
+
+
+def test_tuned_knobs_any_depth_and_every_level() -> None:
+    """layers_divisor 1 admits odd layer counts; widen_all scores every pair of every level that admits any."""
+    space, cm, cons = smollm2_setup(0.7, 0.7)
+    drop_order = list(range(29, 0, -1))
+    g2 = grid(space, MinitronSpec(), 0.4, 0.5, len(drop_order))
+    g1 = grid(space, MinitronSpec(layers_divisor=1), 0.4, 0.5, len(drop_order))
+    assert all(d % 2 == 0 for d in g2.drops) and any(d % 2 for d in g1.drops) and set(g2.drops) < set(g1.drops)
+    first, _ = feasible_candidates(space, drop_order, cm, cons, MinitronSpec())
+    every, record = feasible_candidates(space, drop_order, cm, cons, MinitronSpec(widen_all=True))
+    pairs = {(a.width, a.depth) for a in every}
+    assert {(a.width, a.depth) for a in first} < pairs  # the first admitting level's pairs, and more
+    assert pairs == {(t["max_width_pruning"], t["max_depth_pruning"]) for t in record["tried"] if t["feasible"]}
+    assert max(w + d for w, d in pairs) == pytest.approx(1.8)  # up to 0.9 / 0.9
+    with pytest.raises(ConfigError, match="layers_divisor"):
+        MinitronSpec(layers_divisor=0)

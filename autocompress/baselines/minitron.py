@@ -57,12 +57,16 @@ class MinitronSpec:
     max_width_pruning: float = 0.4  # ModelOpt's default: keep the top 40 % of each width axis's choices
     max_depth_pruning: float = 0.2  # ModelOpt's default: keep the top 20 % of the layer-count choices
     widen: bool = True  # no candidate within the limits: raise them a level at a time, the score picks among the level's pairs (recorded)
+    widen_all: bool = (
+        False  # tuned: the top-k of every pair at every level up to 0.9 / 0.9 scored, the best kept (not only the first level)
+    )
+    layers_divisor: int = LAYERS_DIVISOR  # ModelOpt's num_layers_divisor (2); 1 = any layer count (ModelOpt accepts it)
     prune_kv_groups: bool = False  # ablation, not Minitron: KV heads mean-pooled in groups as the search does
     importance_sequences: int = 16  # calibration sequences for the activation importance
     score_sequences: int | None = None  # selection-split sequences for the score (KL to the unpruned model); None = all
 
     def __post_init__(self) -> None:
-        for key in ("top_k", "importance_sequences", "score_sequences"):
+        for key in ("top_k", "importance_sequences", "score_sequences", "layers_divisor"):
             if getattr(self, key) is not None and getattr(self, key) <= 0:
                 raise ConfigError(f"compare.minitron.{key} must be > 0, got {getattr(self, key)!r}")
         for key in ("max_width_pruning", "max_depth_pruning"):
@@ -126,7 +130,7 @@ def grid(space: SearchSpace, spec: MinitronSpec, width: float, depth: float, n_d
     ffn = [f for f in modelopt_choices(blk.ffn, _divisor(space.ffn), width) if f in space.ffn]
     kv = [k for k in space.attention if k > 0] if spec.prune_kv_groups else [groups]
     depth_ok = 0 in space.attention and 0 in space.ffn
-    layers = modelopt_choices(space.num_layers, LAYERS_DIVISOR, depth)
+    layers = modelopt_choices(space.num_layers, spec.layers_divisor, depth)
     drops = sorted({space.num_layers - n for n in layers if space.num_layers - n <= n_droppable}) if depth_ok else [0]
     return Grid(hidden, heads, kv, ffn, drops or [0])
 
@@ -172,7 +176,7 @@ def limit_levels(spec: MinitronSpec) -> list[list[tuple[float, float]]]:
     raised most first."""
     w0, d0 = spec.max_width_pruning, spec.max_depth_pruning
     levels = [[(w0, d0)]]
-    if not spec.widen:
+    if not (spec.widen or spec.widen_all):
         return levels
     w_room, d_room = (max(0, round((0.9 - x) / WIDEN_STEP)) for x in (w0, d0))
     for n in range(1, w_room + d_room + 1):
@@ -209,6 +213,15 @@ def widen_limits(spec: MinitronSpec, found_at: Callable[[float, float], Found]) 
     defaults = (spec.max_width_pruning, spec.max_depth_pruning)
     tried: list[dict[str, Any]] = []
     best_level: list[Admitted[Found]] = []
+    if spec.widen_all:  # tuned: every pair of every level that admits any, all scored alike
+        every = []
+        for level in limit_levels(spec):
+            for width, depth in level:
+                found = found_at(width, depth)
+                tried.append({"max_width_pruning": width, "max_depth_pruning": depth, "feasible": len(found)})
+                if len(found):
+                    every.append(Admitted(width, depth, found))
+        return every, {"widened": [(a.width, a.depth) for a in every] != [defaults], "tried": tried}
     for level in limit_levels(spec):
         admitted = []
         for width, depth in level:
