@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from autocompress.config.build import build
 from autocompress.config.schema import DataSpec
@@ -68,8 +70,24 @@ def test_splits_are_disjoint_by_document_and_span_many_documents(tmp_path: Path)
     assert len(seen["calib"]) >= 35 and len(seen["select"]) >= 10 and len(seen["report"]) >= 10  # one window per document
     assert all(seen[name] <= set(data.documents[name]) for name in SPLITS)  # the recorded provenance covers what is in the windows
     parts = split_documents(200, spec(synthetic(tmp_path)))
-    assert (len(parts["select"]), len(parts["report"]), len(parts["calib"])) == (20, 20, 160)
-    assert "calib 40 x 32 tokens from" in data.summary()
+    assert (len(parts["select"]), len(parts["report"]), len(parts["calib"]), len(parts["test"])) == (20, 20, 140, 20)
+    assert "calib 40 x 32 tokens from" in data.summary() and data.test is None  # the test split is read only when asked for
+
+
+def test_test_split_is_held_out_and_leaves_the_other_windows_as_they_were(tmp_path: Path) -> None:
+    """The headline's test split: its own documents; select and report unchanged, calibration's windows too (its
+    documents come last in calibration's order, beyond what the calibration windows read)."""
+    tok, path = WordTokenizer(), synthetic(tmp_path)
+    with_test = load_token_data(dataclasses.replace(spec(path), test_sequences=8), tok, splits=(*SPLITS, "test"))
+    without = load_token_data(dataclasses.replace(spec(path), test_share=0.0), tok)
+    assert with_test.test is not None and with_test.test.shape == (8, 32)
+    for name in SPLITS:
+        assert torch.equal(getattr(with_test, name), getattr(without, name)), name
+    test_docs = set().union(*window_docs(tok, with_test.test))
+    for name in SPLITS:
+        assert not test_docs & set().union(*window_docs(tok, getattr(with_test, name))), name
+    with pytest.raises(ConfigError, match="test split gets none"):
+        load_token_data(dataclasses.replace(spec(path), test_share=0.0), tok, splits=("test",))
 
 
 def test_windows_sit_at_random_offsets(tmp_path: Path) -> None:
@@ -162,8 +180,8 @@ def test_text_file_and_errors(tmp_path: Path) -> None:
 def test_config_keys_fail_fast() -> None:
     with pytest.raises(ConfigError, match=r"unknown key\(s\) data\.heldout_sequences; known: .*report_sequences.*select_sequences"):
         build(DataSpec, {"heldout_sequences": 8}, "data")
-    with pytest.raises(ConfigError, match=r"data\.select_share \+ data\.report_share = 1 leaves no calibration"):
-        DataSpec(select_share=0.5, report_share=0.5)
+    with pytest.raises(ConfigError, match=r"data\.select_share \+ data\.report_share \(\+ data\.test_share\) = 1 leaves no calibration"):
+        DataSpec(select_share=0.45, report_share=0.45)
     with pytest.raises(ConfigError, match=r"data\.report_share must be in \(0, 1\)"):
         DataSpec(report_share=0)
     with pytest.raises(ConfigError, match=r"data\.windows_per_document must be > 0"):

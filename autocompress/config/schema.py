@@ -220,6 +220,8 @@ class DataSpec:
     report_sequences: int = 32  # every KL / perplexity printed or compared
     select_share: float = 0.1  # share of the documents reserved for the selection split
     report_share: float = 0.1  # share reserved for the report split; calibration gets the rest
+    test_share: float = 0.1  # share held out for the headline's test split (from the end of calibration's document order)
+    test_sequences: int = 64  # test-split windows (read by benchmarks/headline.py only)
     windows_per_document: int = 4  # most windows one document gives a split (one each first, more only when documents run out)
     seed: int = 0
 
@@ -228,14 +230,17 @@ class DataSpec:
             raise ConfigError(f"data.source={self.source!r} is unknown; use stdlib, text, jsonl or hf")
         if self.source != "stdlib" and not self.path:
             raise ConfigError(f"data.path is required when data.source={self.source}")
-        for key in ("seq_len", "calib_sequences", "select_sequences", "report_sequences", "windows_per_document"):
+        for key in ("seq_len", "calib_sequences", "select_sequences", "report_sequences", "test_sequences", "windows_per_document"):
             _positive(f"data.{key}", getattr(self, key))
         for key in ("select_share", "report_share"):
             if not 0 < getattr(self, key) < 1:
                 raise ConfigError(f"data.{key} must be in (0, 1), got {getattr(self, key)!r}")
-        if self.select_share + self.report_share >= 1:
+        if not 0 <= self.test_share < 1:
+            raise ConfigError(f"data.test_share must be in [0, 1), got {self.test_share!r}")
+        if self.select_share + self.report_share + self.test_share >= 1:
             raise ConfigError(
-                f"data.select_share + data.report_share = {self.select_share + self.report_share:g} leaves no calibration "
+                f"data.select_share + data.report_share (+ data.test_share) = "
+                f"{self.select_share + self.report_share + self.test_share:g} leaves no calibration "
                 "documents; keep their sum below 1"
             )
 

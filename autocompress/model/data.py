@@ -1,9 +1,11 @@
-"""Calibration text: documents split three ways (calibration / selection / report), sampled as windows across many documents.
+"""Calibration text: documents split by document (calibration / selection / report, and a held-out test split), sampled as windows.
 
 The documents of a source are shuffled with `data.seed` and split by document, so no document feeds
 two splits: `calib` ranks the prunable units and drives the search, `select` picks among candidates
 (Pareto fronts, the Optuna objective, compare's trial, Minitron's top-k), and `report` gives every KL
-and perplexity that is printed or compared (so reported numbers carry no winner's curse). Each split
+and perplexity that is printed or compared (so reported numbers carry no winner's curse); `test` (`data.test_share`,
+the last documents of calibration's order, so the calibration windows read before them do not change) is read by
+the headline benchmark only, which reports on text no default was chosen on. Each split
 is a set of `seq_len`-token windows, one per document at a random offset (up to
 `data.windows_per_document` per document when a split has too few documents); documents shorter than
 a window are concatenated with EOS between them before windowing.
@@ -24,7 +26,8 @@ import torch
 from autocompress.config.schema import DataSpec
 from autocompress.errors import ConfigError
 
-SPLITS: tuple[str, ...] = ("calib", "select", "report")
+SPLITS: tuple[str, ...] = ("calib", "select", "report")  # what every command reads
+TEST = "test"  # held out: benchmarks/headline.py asks for it by name
 
 
 @dataclass
@@ -32,6 +35,7 @@ class TokenData:
     calib: torch.Tensor  # [n_calib, seq_len] token ids: importance ranking and search
     select: torch.Tensor  # [n_select, seq_len]: choosing among candidates (Pareto front, Optuna, compare's pick)
     report: torch.Tensor  # [n_report, seq_len]: every KL / perplexity printed or compared
+    test: torch.Tensor | None = None  # [n_test, seq_len]: the headline's KL / perplexity (loaded only when asked for)
     documents: dict[str, list[int]] = field(default_factory=dict)  # split -> corpus indices of the documents its windows came from
     split_documents: dict[str, int] = field(default_factory=dict)  # split -> documents the split was given
     split_tokens: dict[str, int] = field(default_factory=dict)  # split -> tokens of the documents it read
@@ -39,9 +43,9 @@ class TokenData:
     def summary(self) -> str:
         """One line: windows, documents used and tokens read per split."""
         parts = []
-        for name in SPLITS:
+        for name in (*SPLITS, TEST):
             rows = getattr(self, name)
-            if len(rows):
+            if rows is not None and len(rows):
                 parts.append(
                     f"{name} {len(rows)} x {rows.shape[1]} tokens from {len(self.documents.get(name, []))} of "
                     f"{self.split_documents.get(name, 0)} documents ({self.split_tokens.get(name, 0):,} tokens read)"
@@ -135,13 +139,15 @@ def split_documents(n_docs: int, spec: DataSpec) -> dict[str, list[int]]:
     order = list(range(n_docs))
     random.Random(spec.seed).shuffle(order)
     n_select, n_report = round(n_docs * spec.select_share), round(n_docs * spec.report_share)
-    for name, n in (("select", n_select), ("report", n_report), ("calib", n_docs - n_select - n_report)):
+    n_test = round(n_docs * spec.test_share)
+    for name, n in (("select", n_select), ("report", n_report), ("calib", n_docs - n_select - n_report - n_test)):
         if n < 1:
             raise ConfigError(
                 f"the source has {n_docs} document(s): the {name} split gets none (data.select_share={spec.select_share}, "
                 f"data.report_share={spec.report_share}); give more documents or change the shares"
             )
-    return {"select": order[:n_select], "report": order[n_select : n_select + n_report], "calib": order[n_select + n_report :]}
+    calib = order[n_select + n_report : n_docs - n_test]  # the test documents come last: calibration reads them never
+    return {"select": order[:n_select], "report": order[n_select : n_select + n_report], "calib": calib, "test": order[n_docs - n_test :]}
 
 
 def _layout(n_tokens: int, seq_len: int, k: int, rng: random.Random) -> list[int]:
@@ -243,18 +249,20 @@ def load_token_data(
     seed; the selection and report windows do not change with it. `calib_wants` names the settings that
     set the calibration count and length when a caller derives them (a distillation), for the error.
     """
-    unknown = sorted(set(splits) - set(SPLITS))
+    unknown = sorted(set(splits) - {*SPLITS, TEST})
     if unknown:
-        raise ValueError(f"unknown split(s) {unknown}; use {SPLITS}")
+        raise ValueError(f"unknown split(s) {unknown}; use {(*SPLITS, TEST)}")
     docs, is_file = _documents(spec)
     parts = split_documents(len(docs), spec)
-    counts = {"calib": spec.calib_sequences, "select": spec.select_sequences, "report": spec.report_sequences}
+    if TEST in splits and not parts[TEST]:
+        raise ConfigError(f"the source has {len(docs)} document(s): the test split gets none (data.test_share={spec.test_share}); raise it")
+    counts = {"calib": spec.calib_sequences, "select": spec.select_sequences, "report": spec.report_sequences, TEST: spec.test_sequences}
 
     def empty() -> torch.Tensor:
         return torch.zeros(0, spec.seq_len, dtype=torch.long)
 
     data = TokenData(calib=empty(), select=empty(), report=empty())
-    for name in SPLITS:
+    for name in (*SPLITS, TEST):
         data.split_documents[name] = len(parts[name])
         if name in splits:
             seed = calib_seed if name == "calib" else 0
