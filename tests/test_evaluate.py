@@ -17,7 +17,7 @@ from autocompress.evaluate import main
 from autocompress.model.base import ByteTokenizer
 from autocompress.quality.evaluation import EvalSpec, choice_metrics, evaluate_model, score_task, task_scores
 from autocompress.quality.loglik import encode_item, encode_pair, loglikelihoods
-from autocompress.quality.tasks import TASKS, Item, hellaswag_preprocess, load_items, subset
+from autocompress.quality.tasks import TASKS, Item, hellaswag_preprocess, load_items, parse_exclude, subset
 
 from .conftest import CONF, SHARED_DATA
 
@@ -150,6 +150,19 @@ def test_packed_choices_score_like_separate_forwards(tiny_model: Any, tmp_path: 
 def test_subsets_are_fixed_by_seed() -> None:
     assert subset(100, 10, 0, "piqa") == subset(100, 10, 0, "piqa") != subset(100, 10, 1, "piqa")
     assert subset(100, 10, 0, "piqa") != subset(100, 10, 0, "sciq_closedbook") and subset(5, 10, 0, "x") == list(range(5))
+
+
+def test_excluded_subsets_leave_only_unseen_items() -> None:
+    """A headline's items: drawn from what the subsets used while choosing defaults never held."""
+    seen = set(subset(100, 20, 0, "piqa")) | set(subset(100, 50, 0, "piqa"))
+    fresh = subset(100, 10, 0, "piqa", exclude=((20, 0), (50, 0)))
+    assert len(fresh) == 10 and not set(fresh) & seen
+    assert subset(100, 0, 0, "piqa", exclude=((50, 0),)) == sorted(set(range(100)) - set(subset(100, 50, 0, "piqa")))
+    with pytest.raises(ConfigError, match="every one of its 50 items"):
+        subset(50, 10, 0, "openbookqa", exclude=((500, 0),))
+    assert parse_exclude(("200:0", "500:1")) == ((200, 0), (500, 1))
+    with pytest.raises(ConfigError, match="not LIMIT:SEED"):
+        parse_exclude(("200",))
 
 
 @needs_data

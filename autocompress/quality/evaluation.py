@@ -21,7 +21,17 @@ from tqdm.auto import tqdm
 
 from autocompress.errors import ConfigError
 from autocompress.quality.loglik import Group, encode_item, loglikelihoods
-from autocompress.quality.tasks import DEFAULT_CORPUS, TASKS, Item, check_source, check_task_names, data_dir, default_tasks, load_items
+from autocompress.quality.tasks import (
+    DEFAULT_CORPUS,
+    TASKS,
+    Item,
+    check_source,
+    check_task_names,
+    data_dir,
+    default_tasks,
+    load_items,
+    parse_exclude,
+)
 
 
 @dataclass(frozen=True)
@@ -31,6 +41,7 @@ class EvalSpec:
     tasks: tuple[str, ...] | None = None  # None: tasks.default_tasks(source) (SciQ: sciq_closedbook locally, else sciq)
     limit: int = 200  # items per benchmark, a fixed-seed subset; 0 = all
     seed: int = 0
+    exclude: tuple[str, ...] = ()  # LIMIT:SEED subsets whose items are left out first (items seen while choosing defaults)
     source: Literal["local", "hub", "lm-eval"] = "local"
     data_dir: str | None = None  # null = <repo>/../shared/data
     corpus: str | None = DEFAULT_CORPUS  # relative to data_dir, or absolute; null = no corpus perplexity
@@ -51,6 +62,9 @@ class EvalSpec:
         if self.source not in ("local", "hub", "lm-eval"):
             raise ConfigError(f"evaluate.source={self.source!r} is unknown; use local, hub or lm-eval")
         check_source(self.names, self.source)  # e.g. sciq from local files: before any model is loaded
+        parse_exclude(self.exclude)
+        if self.exclude and self.source == "lm-eval":
+            raise ConfigError("evaluate.exclude: lm-evaluation-harness takes the first N items; use source=local or hub")
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -187,7 +201,9 @@ def evaluate_model(model: Any, tokenizer: Any, spec: EvalSpec, name: str = "mode
         torch.set_num_threads(spec.threads)
     root = data_dir(spec.data_dir)
     corpus = corpus_path(spec)  # fail before any work when it is missing
-    loaded = {t: load_items(t, spec.source, root, spec.limit, spec.seed) for t in spec.names}  # likewise for benchmark files
+    loaded = {
+        t: load_items(t, spec.source, root, spec.limit, spec.seed, parse_exclude(spec.exclude)) for t in spec.names
+    }  # likewise for benchmark files
     frames, seconds = [], {}
     model.eval()
     for n, (task, items) in enumerate(loaded.items(), 1):

@@ -365,21 +365,47 @@ def _rows_hub(task: Task) -> list[dict[str, Any]]:
     return [dict(row) for row in ds]
 
 
-def subset(n: int, limit: int, seed: int, task: str) -> list[int]:
-    """Indices of a fixed-seed subset of `limit` of `n` items (all when limit is 0 or >= n), ascending."""
-    if limit <= 0 or limit >= n:
-        return list(range(n))
-    return sorted(random.Random(f"{seed}:{task}").sample(range(n), limit))
+def subset(n: int, limit: int, seed: int, task: str, exclude: tuple[tuple[int, int], ...] = ()) -> list[int]:
+    """Indices of a fixed-seed subset of `limit` of `n` items (all when limit is 0 or >= n), ascending.
+
+    `exclude`: (limit, seed) pairs of earlier subsets whose items are left out first (items seen while choosing
+    defaults, so that a headline reports on items nobody tuned on); the subset is drawn from the rest.
+    """
+    pool = list(range(n))
+    if exclude:
+        seen = set().union(*(subset(n, lim, s, task) for lim, s in exclude))
+        pool = [i for i in pool if i not in seen]
+        if not pool:
+            spent = ", ".join(f"{lim}:{s}" for lim, s in exclude)
+            raise ConfigError(f"{task}: every one of its {n} items is in the excluded subsets ({spent}); drop {task} or report it apart")
+    if limit <= 0 or limit >= len(pool):
+        return pool
+    return sorted(random.Random(f"{seed}:{task}").sample(pool, limit))
 
 
-def load_items(name: str, source: str, root: Path, limit: int = 0, seed: int = 0) -> list[Item]:
-    """Items of benchmark `name` from `source` (local | hub): all, or a fixed-seed subset of `limit`."""
+def parse_exclude(values: tuple[str, ...], key: str = "evaluate.exclude") -> tuple[tuple[int, int], ...]:
+    """`("500:0", ...)` -> ((500, 0), ...): subsets given as LIMIT:SEED."""
+    out = []
+    for v in values:
+        try:
+            lim, seed = (int(x) for x in str(v).split(":"))
+        except ValueError:
+            raise ConfigError(f"{key} entry {v!r} is not LIMIT:SEED (e.g. 500:0)") from None
+        if lim <= 0:
+            raise ConfigError(f"{key} entry {v!r}: the limit must be > 0")
+        out.append((lim, seed))
+    return tuple(out)
+
+
+def load_items(name: str, source: str, root: Path, limit: int = 0, seed: int = 0, exclude: tuple[tuple[int, int], ...] = ()) -> list[Item]:
+    """Items of benchmark `name` from `source` (local | hub): all, or a fixed-seed subset of `limit` (drawn from the items
+    outside the `exclude` subsets)."""
     task = TASKS[name]
     rows = _rows_local(task, root) if source == "local" else _rows_hub(task)
     convert = task.from_local if source == "local" else task.from_hub
     assert convert is not None  # _rows_local: a task with files converts its rows
     items = []
-    for i in subset(len(rows), limit, seed, name):
+    for i in subset(len(rows), limit, seed, name, exclude):
         try:
             items.append(convert(i, rows[i]))
         except (KeyError, TypeError, ValueError) as exc:
