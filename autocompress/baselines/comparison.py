@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -53,6 +53,10 @@ class CompareSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
+        for key in ("run", "trial", "out"):  # an empty value is a mistake, not "not given" (run= would start a whole sweep)
+            value = getattr(self, key)
+            if value is not None and not str(value).strip():
+                raise ConfigError(f"compare.{key} is empty; give a value or leave it out (null: {CompareSpec.DEFAULTS[key]})")
         if self.methods is not None:
             methods = tuple(str(m) for m in self.methods)
             object.__setattr__(self, "methods", methods)
@@ -70,6 +74,8 @@ class CompareSpec:
             raise ConfigError(f"compare.measure={self.measure!r} is unknown; use auto, always or never")
         if self.bootstrap < 100:
             raise ConfigError(f"compare.bootstrap must be >= 100, got {self.bootstrap!r}")
+
+    DEFAULTS: ClassVar[dict[str, str]] = {"run": "run the sweep first", "trial": "the best feasible trial", "out": "<run>/compare"}
 
     def resolved_methods(self, hybrid: bool) -> tuple[str, ...]:
         """The methods of a run of this family: the default drops the Llama-only ones for a hybrid-MoE run, where naming

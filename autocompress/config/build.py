@@ -128,6 +128,9 @@ def on_this_cpu(hw: Hardware, dtype: str) -> Hardware:
 def run_spec_from_dict(cfg: Mapping[str, Any]) -> RunSpec:
     """RunSpec from a fully resolved config mapping (OmegaConf.to_container(cfg, resolve=True))."""
     results = cfg.get("results") or {}
+    for key, value in (("results.dir", results.get("dir", "results")), ("cost_model", cfg.get("cost_model", "auto"))):
+        if value is None or not str(value).strip():
+            raise ConfigError(f"{key} is empty; give a value (default: {'results' if key == 'results.dir' else 'auto'}) or leave it out")
     run_id = results.get("run_id")
     if run_id is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", str(run_id)):
         raise ConfigError(f"results.run_id={run_id!r} may only hold letters, digits, '_', '-' and '.'")
