@@ -99,3 +99,16 @@ def test_settings_are_refused_with_their_key(overrides: list[str], message: str)
 def test_an_empty_compare_run_never_starts_a_sweep() -> None:
     with pytest.raises(ConfigError, match=r"compare\.run is empty"):
         CompareSpec(run=" ")
+
+
+def test_a_sweep_where_every_trial_failed_is_not_a_success(tmp_path: Path) -> None:
+    """Bounds that make every trial fail (NaN, say) end the sweep with one line, not exit 0."""
+    import pandas as pd
+
+    from autocompress.errors import AutoCompressError
+    from autocompress.search.tune import check_some_trial_finished
+
+    failed = pd.DataFrame({"status": ["error", "error"], "error": ["Traceback...\nValueError: cost is nan", "x\nValueError: cost is nan"]})
+    with pytest.raises(AutoCompressError, match=r"every one of the 2 trials failed \(most often: 'ValueError: cost is nan', 2x\)"):
+        check_some_trial_finished(failed, tmp_path)
+    check_some_trial_finished(pd.DataFrame({"status": ["error", "ok"], "error": ["boom", ""]}), tmp_path)  # one finished: fine

@@ -26,7 +26,7 @@ from autocompress.cluster import (
 from autocompress.config.metrics import METRICS, Constraint
 from autocompress.config.schema import SETTING_KEYS, LagrangianSettings, RunSpec
 from autocompress.cost import CostModel
-from autocompress.errors import ConfigError
+from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.io import RUN_CONFIG, RUN_PARETO, RUN_RANKING, RUN_TRIALS, log, write_parquet, write_text
 from autocompress.results.pareto import COST_DIRECTIONS, QUALITY, pareto_frame
 from autocompress.results.store import architecture_columns, feasibility_columns, trials_frame
@@ -401,7 +401,21 @@ def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -
     finally:
         run.write_metadata(meta)
     print_summary(trials, pareto, run.path)
+    check_some_trial_finished(trials, run.path)
     return run.path
+
+
+def check_some_trial_finished(trials: Any, run_dir: Path) -> None:
+    """A sweep whose every trial failed is not a success: one line with the most common error (each trial's is in
+    trials.parquet)."""
+    failed = trials[trials["status"] != "ok"]
+    if len(failed) < len(trials) or trials.empty:
+        return
+    counts = failed["error"].fillna("").map(lambda e: (e.strip().splitlines() or ["no message"])[-1][:200]).value_counts()
+    raise AutoCompressError(
+        f"every one of the {len(trials)} trials failed (most often: {counts.index[0]!r}, {int(counts.iloc[0])}x); each trial's "
+        f"error is in {run_dir / RUN_TRIALS}; check the constraints and settings before rerunning"
+    )
 
 
 def print_summary(trials: Any, pareto: Any, run_dir: Path) -> None:
