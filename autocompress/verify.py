@@ -35,7 +35,7 @@ from autocompress.config.metrics import Constraint
 from autocompress.config.schema import RunSpec
 from autocompress.cost.engine import measure_many, measured_metrics, measured_spreads, require_vllm, settings_for
 from autocompress.errors import ConfigError
-from autocompress.io import RUN_METADATA, RUN_PARETO, RUN_TRIALS, log, write_parquet
+from autocompress.io import RUN_METADATA, RUN_PARETO, RUN_VERIFY, check_writable, log, write_parquet
 from autocompress.model.base import load_base_model
 from autocompress.results.store import read_table
 
@@ -98,9 +98,24 @@ def _finished(path: Path, what: str) -> pd.DataFrame:
     return table
 
 
-def verify(path: Path) -> pd.DataFrame:
-    """Measure every architecture of a pareto.parquet (or any trials file of a run; a run folder: its pareto.parquet) in the engine."""
+def _save(found: dict[str, dict[str, Any]], out: Path, name: str) -> Path:
+    """verify's own table (trial_id + its columns) in `out`, earlier rows of other trials kept; never the sweep's tables."""
+    frame = pd.DataFrame.from_dict(found, orient="index").rename_axis("trial_id").reset_index()
+    target = out / name
+    if target.exists():
+        old = pd.read_parquet(target)
+        frame = pd.concat([old[~old["trial_id"].isin(frame["trial_id"])], frame], ignore_index=True)
+    out.mkdir(parents=True, exist_ok=True)
+    write_parquet(frame, target)
+    return target
+
+
+def verify(path: Path, out: Path | None = None) -> pd.DataFrame:
+    """Measure every architecture of a pareto.parquet (or any trials file of a run; a run folder: its pareto.parquet) in the
+    engine; the measured columns go to `out`/measured.parquet (default <run>/verify/), which report and export read."""
     path, run_dir, spec = _run_of(path)
+    out = Path(out) if out is not None else run_dir / RUN_VERIFY
+    check_writable(out, "out")
     table = _finished(path, "verify")
     hw, wl = spec.scenario.hardware, spec.scenario.workload
     require_vllm(hw.engine)
@@ -117,30 +132,32 @@ def verify(path: Path) -> pd.DataFrame:
         cols = measured_columns(rows, constraints)
         measured.update({tid: cols for tid in trials_of[arch]})
         log(f"[{n}/{len(trials_of)}] {', '.join(trials_of[arch])}: {_line(cols)}")
-    for target in (path, run_dir / RUN_TRIALS):
-        if target.exists():
-            write_parquet(_merge(pd.read_parquet(target), measured), target)
+    saved = _save(measured, out, "measured.parquet")
     result = _merge(table, measured)
     print_table(result)
+    print(f"\nmeasured: {saved} (the sweep's tables are unchanged; report and export read it)")
     return result
 
 
-def estimate(path: Path) -> pd.DataFrame:
-    """aiconfigurator's estimate of every architecture of a GPU run's pareto.parquet (plus the hardware file's per-step overheads)."""
+def estimate(path: Path, out: Path | None = None) -> pd.DataFrame:
+    """aiconfigurator's estimate of every architecture of a GPU run's pareto.parquet (plus the hardware file's per-step
+    overheads), written to `out`/estimated.parquet (default <run>/verify/)."""
     from autocompress.arch.space import SearchSpace
     from autocompress.cost.aic import Estimator
     from autocompress.cost.design import wave_batch
 
     path, run_dir, spec = _run_of(path)
+    out = Path(out) if out is not None else run_dir / RUN_VERIFY
+    check_writable(out, "out")
     hw, wl = spec.scenario.hardware, spec.scenario.workload
     if not hw.aiconfigurator or hw.aiconfigurator_derived:
         why = f"its tables are another GPU's ({hw.aiconfigurator})" if hw.aiconfigurator else "it names no aiconfigurator system"
         raise ConfigError(f"verify.source=aiconfigurator cannot judge {hw.name}: {why}; verify there in the engine")
     table = _finished(path, "estimate")
     constraints = _constraints(run_dir)
+    est = Estimator(hw.aiconfigurator)  # names its missing package before any model is loaded
     base = Architecture.from_llama_config(load_base_model(spec.model).model.config)
     space = SearchSpace.from_base(base, spec.search.space)
-    est = Estimator(hw.aiconfigurator)
     relative = {c.metric: c for c in spec.scenario.constraints if c.relative}
     if relative:  # "1.5x base" under aiconfigurator means 1.5x aiconfigurator's estimate of the base model
         base_est = est.served(base, wl, wave_batch(space, hw, wl, base), hw)
@@ -163,15 +180,14 @@ def estimate(path: Path) -> pd.DataFrame:
         cols |= {f"estimated_bound_{c.metric}": c.value for c in judged}
         cols["feasible_estimated"] = all(c.satisfied(cols[f"estimated_{c.metric}"]) for c in judged)
         found[str(tid)] = cols
-    for target in (path, run_dir / RUN_TRIALS):
-        if target.exists():
-            write_parquet(_merge(pd.read_parquet(target), found), target)
+    saved = _save(found, out, "estimated.parquet")
     result = _merge(table, found)
     shown = ["trial_id"] + [c for m in ("ttft_ms", "tpot_ms", "throughput_tok_s") for c in (m, f"estimated_{m}") if c in result]
     print(result[[*shown, "feasible", "feasible_estimated"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     unjudged = sorted({c.metric for c in constraints} - {"ttft_ms", "tpot_ms", "throughput_tok_s"})
     note = f" (not estimated, judged by the cost model only: {', '.join(unjudged)})" if unjudged else ""
     print(f"\nfeasible under {est.source}: {int(result['feasible_estimated'].sum())}/{len(result)}{note}")
+    print(f"estimated: {saved} (the sweep's tables are unchanged; report and export read it)")
     return result
 
 
@@ -198,19 +214,30 @@ def print_table(frame: pd.DataFrame) -> None:
         print(f"\nmeasured feasible: {strict}/{n}; within noise: {loose}/{n}{note}")
 
 
-USAGE = "usage: python -m autocompress.verify results/<scenario>/<run_id>[/pareto.parquet] [verify.source=engine|aiconfigurator]"
+USAGE = (
+    "usage: python -m autocompress.verify results/<scenario>/<run_id>[/pareto.parquet] [verify.source=engine|aiconfigurator] "
+    "[out=DIR]\n  out=DIR  where verify writes measured.parquet / estimated.parquet (default: <run>/verify/); "
+    "the sweep's tables are never rewritten"
+)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    if not 1 <= len(args) <= 2 or args[0] in ("-h", "--help"):
+    if not args or args[0] in ("-h", "--help"):
         print(USAGE, file=sys.stderr)
         sys.exit(0 if args[:1] in (["-h"], ["--help"]) else 2)
-    source = args[1].removeprefix("verify.source=") if len(args) == 2 else "engine"
-    if source not in ("engine", "aiconfigurator") or (len(args) == 2 and not args[1].startswith("verify.source=")):
-        print(f"error: {args[1]!r} is not verify.source=engine or verify.source=aiconfigurator", file=sys.stderr)
+    pairs = dict(a.split("=", 1) for a in args[1:] if "=" in a)
+    unknown = [a for a in args[1:] if "=" not in a] + sorted(set(pairs) - {"verify.source", "out"})
+    source = pairs.get("verify.source", "engine")
+    if unknown or source not in ("engine", "aiconfigurator"):
+        bad = unknown[0] if unknown else f"verify.source={source}"
+        print(f"error: {bad!r} is not verify.source=engine|aiconfigurator or out=DIR\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)
-    code = guarded(lambda: (estimate if source == "aiconfigurator" else verify)(Path(args[0])))
+    if "out" in pairs and not pairs["out"].strip():
+        print("error: out= is empty; give a folder or leave it out (default: <run>/verify/)", file=sys.stderr)
+        sys.exit(2)
+    out = Path(pairs["out"]) if "out" in pairs else None
+    code = guarded(lambda: (estimate if source == "aiconfigurator" else verify)(Path(args[0]), out))
     if code:
         sys.exit(code)
 

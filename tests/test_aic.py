@@ -131,12 +131,13 @@ def gpu_run(folder: Path, scenario: str, constraints: dict[str, float]) -> Path:
 def test_verify_from_aiconfigurator_writes_estimated_columns_only(tmp_path: Path) -> None:
     """verify.source=aiconfigurator: estimated_* and feasible_estimated beside the predictions, no measured_* column; a tight TPOT
     bound fails the base model and not its half; a derived card is refused."""
+    from autocompress.results.store import with_verified
     from autocompress.verify import main
 
     run = gpu_run(tmp_path / "h100_batched" / "r1", "h100_batched", {"tpot_ms": 4.0})
     main([str(run), "verify.source=aiconfigurator"])
-    table = pd.read_parquet(run / "pareto.parquet").set_index("trial_id")
-    assert not [c for c in table.columns if c.startswith("measured_")]
+    table = with_verified(run, pd.read_parquet(run / "pareto.parquet")).set_index("trial_id")  # verify's own file merged in
+    assert not [c for c in table.columns if c.startswith("measured_")] and (run / "verify" / "estimated.parquet").exists()
     assert table["estimated_tpot_ms"]["t0"] > table["estimated_tpot_ms"]["t1"] > 1.0  # the step overhead is in
     assert list(table["feasible_estimated"]) == [False, True]
     assert table["estimated_source"].str.startswith("aiconfigurator-core 0.12.0, vllm 0.24.0 tables, h100_sxm").all()
@@ -144,7 +145,7 @@ def test_verify_from_aiconfigurator_writes_estimated_columns_only(tmp_path: Path
     before = (derived / "pareto.parquet").read_bytes()
     with pytest.raises(SystemExit) as exc:
         main([str(derived), "verify.source=aiconfigurator"])
-    assert exc.value.code == 2 and (derived / "pareto.parquet").read_bytes() == before
+    assert exc.value.code == 2 and (derived / "pareto.parquet").read_bytes() == before and not (derived / "verify").exists()
 
 
 def test_verify_from_aiconfigurator_judges_relative_bounds_against_its_own_base_estimate(tmp_path: Path) -> None:
@@ -153,8 +154,11 @@ def test_verify_from_aiconfigurator_judges_relative_bounds_against_its_own_base_
     from autocompress.verify import main
 
     run = gpu_run(tmp_path / "h100_batched" / "r1", "h100_batched", {"throughput_tok_s": 1.0, "ttft_ms": 1e9})
+    written = (run / "pareto.parquet").read_bytes()
     main([str(run), "verify.source=aiconfigurator"])
-    table = pd.read_parquet(run / "pareto.parquet").set_index("trial_id")  # t0 is the base model itself
+    assert (run / "pareto.parquet").read_bytes() == written  # verify writes its own file, never the sweep's tables
+    estimated = pd.read_parquet(run / "verify" / "estimated.parquet")
+    table = pd.read_parquet(run / "pareto.parquet").merge(estimated, on="trial_id").set_index("trial_id")  # t0: the base model
     assert table["estimated_bound_throughput_tok_s"]["t0"] == pytest.approx(1.5 * table["estimated_throughput_tok_s"]["t0"])
     assert table["estimated_bound_ttft_ms"]["t1"] == pytest.approx(0.7 * table["estimated_ttft_ms"]["t0"])
     assert not table["feasible_estimated"]["t0"]  # the base model is never 1.5x itself

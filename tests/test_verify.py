@@ -5,11 +5,11 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from autocompress.config.metrics import Constraint
 from autocompress.cost.engine import measured_metrics
+from autocompress.results.store import load_pareto, load_trials
 from autocompress.verify import measured_columns
 
 from .conftest import TINY_CPU, run_cli
@@ -77,12 +77,15 @@ def test_verify_writes_measured_columns(tmp_path: Path) -> None:
     sweep = run_cli("autocompress.sweep", "+scenario=cpu_interactive", *overrides, f"results.dir={tmp_path}", "results.run_id=v")
     assert sweep.returncode == 0, sweep.stderr[-2000:]
     pareto_path = tmp_path / "cpu_interactive" / "v" / "pareto.parquet"
+    written = pareto_path.read_bytes(), (pareto_path.parent / "trials.parquet").read_bytes()
     out = run_cli("autocompress.verify", str(pareto_path), timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    pareto = pd.read_parquet(pareto_path)
+    assert (pareto_path.read_bytes(), (pareto_path.parent / "trials.parquet").read_bytes()) == written  # the sweep's tables stay
+    pareto = load_pareto(pareto_path.parent)  # with verify's own measured.parquet merged in
     assert (pareto["verify_status"] == "ok").all()
     assert (pareto["measured_tpot_ms"] > 0).all() and pareto["feasible_measured"].dtype == bool
     parts = pareto[["measured_weights_gib", "measured_kv_alloc_gib", "measured_runtime_gib"]].sum(axis=1)
     assert (parts - pareto["measured_memory_gib"]).abs().max() < 1e-9 and (pareto["measured_runtime_gib"] > 0).all()
-    trials = pd.read_parquet(tmp_path / "cpu_interactive" / "v" / "trials.parquet")
+    trials = load_trials(pareto_path.parent)
     assert "measured_ttft_ms" in trials and "measured feasible:" in out.stdout
+    assert (pareto_path.parent / "verify" / "measured.parquet").exists() and "the sweep's tables are unchanged" in out.stdout

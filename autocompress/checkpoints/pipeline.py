@@ -36,9 +36,9 @@ def select_trial(path: Path, trial: str | None, index: int | None, force: bool) 
     """The row of `path` named by trial id or row index; refuses failed or infeasible trials unless `force`."""
     import pandas as pd
 
-    from autocompress.results.store import read_table
+    from autocompress.results.store import read_table, with_verified
 
-    df = read_table(path)
+    df = with_verified(path.parent, read_table(path))  # costs `verify` measured, from its own folder
     if trial is not None:
         rows = df[df["trial_id"] == trial]
         if rows.empty:

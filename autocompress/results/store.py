@@ -18,7 +18,7 @@ from autocompress.config.metrics import Constraint
 from autocompress.config.schema import RunSpec
 from autocompress.cost import COST_KEYS
 from autocompress.errors import AutoCompressError
-from autocompress.io import RUN_METADATA, RUN_PARETO, RUN_TRIALS
+from autocompress.io import RUN_METADATA, RUN_PARETO, RUN_TRIALS, RUN_VERIFY
 
 # column -> (dtype, meaning); the README documents the same schema
 TRIAL_SCHEMA: dict[str, tuple[str, str]] = {
@@ -209,6 +209,22 @@ def read_table(path: Path) -> pd.DataFrame:
         ) from exc
 
 
+VERIFIED = ("measured.parquet", "estimated.parquet")  # what `verify` writes under <run>/verify/, one row per trial id
+
+
+def with_verified(run: Path, df: pd.DataFrame, verify_dir: Path | None = None) -> pd.DataFrame:
+    """`df` (a run's trials or front) with the columns `verify` wrote for its trial ids under `verify_dir` (default
+    <run>/verify/); unchanged where nothing was verified."""
+    folder = Path(verify_dir) if verify_dir is not None else run / RUN_VERIFY
+    for name in VERIFIED:
+        if not (folder / name).exists() or "trial_id" not in df:
+            continue
+        extra = read_table(folder / name)
+        cols = [c for c in extra.columns if c != "trial_id"]
+        df = df.drop(columns=[c for c in cols if c in df.columns]).merge(extra, on="trial_id", how="left")
+    return df
+
+
 def _read_parquet(run: Path, name: str) -> pd.DataFrame:
     path = run / name
     if not path.exists():
@@ -217,7 +233,7 @@ def _read_parquet(run: Path, name: str) -> pd.DataFrame:
     missing = [c for c in ("kl_select", "kl", "params", "feasible") if c not in df.columns]
     if missing:
         raise RunFolderError(f"{path} lacks the column(s) {', '.join(missing)}: a run from an older AutoCompress; rerun the sweep")
-    return typed(df)
+    return typed(with_verified(run, df))
 
 
 def load_trials(run_dir: str | Path) -> pd.DataFrame:
