@@ -34,7 +34,7 @@ from omegaconf import DictConfig
 
 from autocompress.arch.hybrid import SHAPE_KEYS, WIDTHS, HybridModel, shape_config, write_config
 from autocompress.baselines.minitron import modelopt_choices
-from autocompress.config.build import build, scenario_from_dict
+from autocompress.config.build import build, results_of, scenario_from_dict
 from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
 from autocompress.config.compose import plain
@@ -375,7 +375,7 @@ def load_architecture(data: Mapping[str, Any]) -> HybridModel:
 @hydra_task("nothing was written")
 def main(cfg: DictConfig) -> None:
     data = plain(cfg)
-    results = data.get("results") or {}
+    results_dir, run_id = results_of(data)  # checked before anything is read
     architecture = data.get("architecture") or {}
     weights = data["plan"].get("weights")
     if not isinstance(weights, bool):
@@ -387,8 +387,8 @@ def main(cfg: DictConfig) -> None:
         scenario_from_dict(data),
         data["plan"],
         str(data.get("cost_model") or "auto"),
-        str(results.get("dir") or "results"),
-        results.get("run_id"),
+        results_dir,
+        run_id,
         weights=str(architecture["path"]) if weights else None,
         data=build(DataSpec, data.get("data") or {}, "data"),
     )

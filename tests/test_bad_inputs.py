@@ -83,6 +83,7 @@ SETTINGS = [
     (["data.test_share=1.5"], "data.test_share must be in [0, 1)"),
     (["data.select_share=0.45", "data.report_share=0.45"], "leaves no calibration"),
     (["evaluate.exclude=[0:0]"], "the limit must be > 0"),
+    (["results.run_id=x/y"], "results.run_id='x/y' may only hold letters"),
 ]
 
 
@@ -94,6 +95,15 @@ def test_settings_are_refused_with_their_key(overrides: list[str], message: str)
     with pytest.raises(ConfigError, match=re.escape(message)):
         run_spec_from_dict(cfg)
         job_from_dict(cfg)
+
+
+def test_plan_checks_its_run_id_like_the_sweep(tmp_path: Path) -> None:
+    """plan results.run_id=x/y nested folders; now the sweep's check refuses it before anything is read."""
+    from autocompress.config.build import results_of
+
+    with pytest.raises(ConfigError, match="may only hold letters"):
+        results_of({"results": {"dir": str(tmp_path), "run_id": "x/y"}})
+    assert results_of({"results": {"dir": str(tmp_path), "run_id": "ok-1"}}) == (str(tmp_path), "ok-1")
 
 
 def test_an_empty_compare_run_never_starts_a_sweep() -> None:

@@ -125,8 +125,9 @@ def on_this_cpu(hw: Hardware, dtype: str) -> Hardware:
     return dataclasses.replace(hw, cpu=key(), peak_tflops=measured["peak_tflops"], mem_bandwidth_gbs=measured["mem_bandwidth_gbs"])
 
 
-def run_spec_from_dict(cfg: Mapping[str, Any]) -> RunSpec:
-    """RunSpec from a fully resolved config mapping (OmegaConf.to_container(cfg, resolve=True))."""
+def results_of(cfg: Mapping[str, Any]) -> tuple[str, str | None]:
+    """(results.dir, results.run_id) of a composed config, checked: neither empty, the run id one folder name; an empty
+    cost_model is refused here too (every command that writes a run reads these)."""
     results = cfg.get("results") or {}
     for key, value in (("results.dir", results.get("dir", "results")), ("cost_model", cfg.get("cost_model", "auto"))):
         if value is None or not str(value).strip():
@@ -134,14 +135,20 @@ def run_spec_from_dict(cfg: Mapping[str, Any]) -> RunSpec:
     run_id = results.get("run_id")
     if run_id is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", str(run_id)):
         raise ConfigError(f"results.run_id={run_id!r} may only hold letters, digits, '_', '-' and '.'")
+    return str(results.get("dir", "results")), None if run_id is None else str(run_id)
+
+
+def run_spec_from_dict(cfg: Mapping[str, Any]) -> RunSpec:
+    """RunSpec from a fully resolved config mapping (OmegaConf.to_container(cfg, resolve=True))."""
+    results_dir, run_id = results_of(cfg)
     return RunSpec(
         scenario=scenario_from_dict(cfg),
         model=build(ModelSpec, cfg.get("model"), "model"),
         data=build(DataSpec, cfg.get("data") or {}, "data"),
         search=build(SearchSpec, cfg.get("search") or {}, "search"),
         sweep=build(SweepSpec, cfg.get("sweep") or {}, "sweep"),
-        results_dir=str(results.get("dir") or "results"),
-        run_id=None if run_id is None else str(run_id),
+        results_dir=results_dir,
+        run_id=run_id,
         profile=build(ProfileSpec, cfg.get("profile") or {}, "profile"),
         cost_model=str(cfg.get("cost_model") or "auto"),
     )
