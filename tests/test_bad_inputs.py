@@ -84,6 +84,9 @@ SETTINGS = [
     (["data.select_share=0.45", "data.report_share=0.45"], "leaves no calibration"),
     (["evaluate.exclude=[0:0]"], "the limit must be > 0"),
     (["results.run_id=x/y"], "results.run_id='x/y' may only hold letters"),
+    (["model=tiny_llama", "model.num_attention_heads=3"], "model.num_attention_heads=3 does not divide model.hidden_size=64"),
+    (["model=tiny_llama", "model.num_key_value_heads=3"], "model.num_key_value_heads=3 does not divide model.num_attention_heads=4"),
+    (["model=tiny_llama", "model.vocab_size=0"], "model.vocab_size must be > 0"),
 ]
 
 

@@ -182,6 +182,19 @@ class ModelSpec:
             raise ConfigError(f"model.train_steps={self.train_steps!r} must be a whole number >= 1 (or null for the recipe's)")
         if self.source == "hf" and not self.path:
             raise ConfigError("model.path is required when model.source=hf (a local directory or hub id)")
+        if self.source == "tiny":  # the shapes the tiny Llama is built with (other sources read their own)
+            for key in ("num_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size"):
+                _positive(f"model.{key}", getattr(self, key))
+            if self.hidden_size % self.num_attention_heads:
+                raise ConfigError(
+                    f"model.num_attention_heads={self.num_attention_heads} does not divide model.hidden_size={self.hidden_size}; "
+                    "choose a head count that does"
+                )
+            if self.num_attention_heads % self.num_key_value_heads:
+                raise ConfigError(
+                    f"model.num_key_value_heads={self.num_key_value_heads} does not divide model.num_attention_heads="
+                    f"{self.num_attention_heads}; every KV head serves the same number of query heads"
+                )
 
 
 @dataclass(frozen=True)
