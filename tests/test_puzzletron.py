@@ -104,13 +104,15 @@ def test_one_block_score_replaces_exactly_one_block(
     blocks = [Block(2, 96), Block(0, 96), Block(2, 32), Block(0, 0)]
     teacher = teacher_hidden(tiny_model, tokens, progress=False)
     scores = puzzletron.one_block_scores(tiny_model, masked, tiny_space, blocks, tokens, teacher, progress=False)
-    masked.remove()
     base = tiny_space.base
     assert len(seen) == 1 + 3 + 3  # layer 0 keeps its attention: one non-teacher block there, three in each other layer
     for arch in seen:
         assert sum(a != b for a, b in zip(arch.blocks, base.blocks, strict=True)) == 1
     assert (scores[:, 0] == 0).all() and np.isinf(scores[0, 1]) and np.isinf(scores[0, 3])
     assert (scores[1:, 1:] > 0).all() and scores[1, 3] >= 0
+    kl = puzzletron.one_block_scores(tiny_model, masked, tiny_space, blocks, tokens, teacher, objective="kl", progress=False)
+    assert (kl[:, 0] == 0).all() and (kl[1:, 1:] > 0).all() and np.isinf(kl[0, 1])  # the KL option: same shape, same floors
+    masked.remove()
     assert float(puzzletron.cosine_embedding_loss(teacher, teacher).abs().max()) < 1e-5  # 1 - cos: 0 against the teacher itself
 
 

@@ -208,15 +208,17 @@ def one_block_scores(
     base = space.base
     scores = np.full((base.num_layers, len(blocks)), np.inf)
     prefix = layer_inputs(model, tokens)
+    with torch.no_grad():  # the teacher's next-token log-probabilities, once for every replacement
+        logq = torch.log_softmax(model.lm_head(teacher.to(model.dtype)).float(), dim=-1) if objective == "kl" else None
     jobs = [(layer, b) for layer in range(base.num_layers) for b, block in enumerate(blocks) if allowed(space, layer, block)]
     for layer, b in tqdm(jobs, desc="puzzletron one-block scores", disable=not progress):
         if blocks[b] == base.blocks[layer]:
             scores[layer, b] = 0.0
             continue
         hidden = replaced_hidden(model, masked, with_block(base, layer, blocks[b]), layer, prefix[layer])
-        if objective == "kl":
-            logp = torch.log_softmax(model.lm_head(hidden).float(), dim=-1)
-            logq = torch.log_softmax(model.lm_head(teacher.to(hidden.dtype)).float(), dim=-1)
+        if logq is not None:
+            with torch.no_grad():
+                logp = torch.log_softmax(model.lm_head(hidden).float(), dim=-1)
             scores[layer, b] = float((logq.exp() * (logq - logp)).sum(-1).mean())
         else:
             scores[layer, b] = float(cosine_embedding_loss(hidden, teacher).mean())
