@@ -501,14 +501,21 @@ def _arch(ctx: Context, text: str) -> Any:
     return Architecture.from_json(text)
 
 
+def _pick_inputs(ctx: Context) -> dict[str, Any]:
+    """What every baseline's pick depends on besides its own settings (part of its stage key)."""
+    return {
+        "cost_model": ctx.cost_model.id,
+        "data": dataclasses.asdict(ctx.spec.data),
+        "constraints": [dataclasses.asdict(c) for c in ctx.constraints],
+    }
+
+
 def _minitron_model(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> Model:
     """Minitron's pick (dense or hybrid-MoE) through the same slicing."""
     mkey = {
         "minitron": dataclasses.asdict(job.compare.minitron),
         "widening": minitron_widening(),  # a pick made under an older widening rule is not reused
-        "cost_model": ctx.cost_model.id,
-        "data": dataclasses.asdict(ctx.spec.data),
-        "constraints": [dataclasses.asdict(c) for c in ctx.constraints],
+        **_pick_inputs(ctx),
         **({"probe": _probe_inputs(job, ctx)} if job.compare.probe.on else {}),  # without it, keys made before the probe still match
     }
     stage = minitron_moe_stage if ctx.hybrid else minitron_stage
@@ -524,12 +531,7 @@ def _minitron_model(job: CompareJob, ctx: Context, out: Path, stages: Stages) ->
 
 def _baseline_model(job: CompareJob, ctx: Context, out: Path, stages: Stages, name: str) -> Model:
     """A baseline registered in autocompress.baselines.interface, through the same slicing."""
-    key = {
-        name: dataclasses.asdict(getattr(job.compare, name)),
-        "cost_model": ctx.cost_model.id,
-        "data": dataclasses.asdict(ctx.spec.data),
-        "constraints": [dataclasses.asdict(c) for c in ctx.constraints],
-    }
+    key = {name: dataclasses.asdict(getattr(job.compare, name)), **_pick_inputs(ctx)}
     stages.run(f"{name}/pruned", key, out / name / "pruned", partial(baseline_stage, job, ctx, name, out / name))
     done = json.loads((out / name / f"{name}.json").read_text())
     arch = _arch(ctx, done["architecture"])
@@ -619,7 +621,6 @@ def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model],
     title = " vs ".join(TITLES[m.name] for m in models[1:])
     write_text(f"# {title}: `{ctx.spec.scenario.name}`\n\n" + text, out / "compare.md")
     minitron = json.loads((out / "minitron" / "minitron.json").read_text()) if "minitron" in others else None
-    average = diffs[first].set_index("task").loc["average"]
     diff_vs = {}
     for name, d in diffs.items():
         avg = d.set_index("task").loc["average"]
@@ -650,7 +651,7 @@ def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model],
             },
             **baselines,
             "methods": list(job.compare.methods or ()),
-            "diff": {"mean": float(average["diff"]), "low": float(average["lo"]), "high": float(average["hi"]), "vs": first},
+            "diff": {**diff_vs[first], "vs": first},
             "diff_vs": diff_vs,
             "seeds": list(job.compare.seeds),
             "run": str(ctx.run.path),
