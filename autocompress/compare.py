@@ -1,7 +1,7 @@
 """`python -m autocompress.compare +scenario=NAME`: AutoCompress against NVIDIA's pruning baselines at the same constraint.
 
-`compare.methods` names them (default: autocompress, minitron and, for Llama-family runs, puzzletron); a baseline
-other than Minitron is one `pick(context) -> Pick` in autocompress.baselines.interface.BASELINES.
+`compare.methods` names them (default: autocompress, minitron and, for Llama-family runs, puzzletron); each baseline
+is one `pick(context) -> Pick` in autocompress.baselines.interface.BASELINES.
 
 Both architectures go through the same pipeline: the export's weight slicing (and its verification),
 the same distillation budget from the same teacher on the same calibration text (once per seed in
@@ -47,6 +47,24 @@ from autocompress.errors import ConfigError
 from autocompress.io import RUN_TRIALS, check_writable, log, write_json, write_parquet, write_text
 from autocompress.quality.tasks import evaluation_paths
 from autocompress.results.store import load_run
+
+RECORDED = (  # what compare.json keeps of each baseline's <name>.json (what the pick recorded of its shape and choice)
+    "label",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "attention",
+    "ffn",
+    "experts",
+    "expert_ffn",
+    "shared_ffn",
+    "dropped_blocks",
+    "limits",
+    "blocks",
+    "solves",
+    "kl_select",
+    "kl_report",
+)
 
 # --------------------------------------------------------------------------- stages, reused when their key is unchanged
 
@@ -182,152 +200,67 @@ def resolve_run(job: CompareJob, config_yaml: str, stages: dict[str, float | str
     return run_dir
 
 
-def minitron_stage(job: CompareJob, ctx: Context, out: Path) -> None:
-    """Minitron's search and its checkpoint (candidates.parquet beside it)."""
+def _pick_context(job: CompareJob, ctx: Context, name: str, out: Path) -> Any:
+    """What a baseline's pick sees (autocompress.baselines.interface.PickContext); compare.probe for one registered to use it."""
     from autocompress.arch.importance import teacher_hidden
-    from autocompress.arch.masking import MaskedModel
-    from autocompress.baselines import minitron
-    from autocompress.search.differentiable import evaluate
+    from autocompress.baselines.interface import BASELINES, PickContext, Probe
 
-    model, space, spec, mspec = ctx.model, ctx.space, ctx.spec, job.compare.minitron
-    select = ctx.data.select[: mspec.score_sequences]  # None: the whole split, as the sweep's trials are picked
-    teacher = teacher_hidden(model, select, desc="teacher (selection)")
-    res = minitron.search(model, space, ctx.cost_model, ctx.constraints, ctx.data.calib, select, teacher, mspec)
-    best = res.best
-    if job.compare.probe.on:  # its top candidates by selection KL, distilled briefly, scored again (as AutoCompress's)
-        from autocompress.quality.probe import chosen
-
-        top = res.scored.nsmallest(job.compare.probe.count, "kl", keep="first")
-        report4 = ctx.data.report[:4]
-
-        def writer(i: int) -> Callable[[Path], object]:
-            arch = res.candidates[i].arch
-            return lambda folder: minitron.write_checkpoint(model, ctx.tokenizer, space, res.ranking, arch, folder, report4, "probe")
-
-        rows = _run_probe(job, ctx, {str(i): writer(int(i)) for i in top.index}, out / ".probe")
-        res.scored["kl_select_probe"] = float("nan")
-        for r in rows:
-            res.scored.loc[int(r["candidate"]), "kl_select_probe"] = r["kl_select_probe"]
-        pick = int(chosen(rows))
-        res.scored["chosen"] = res.scored.index == pick
-        best = res.candidates[pick]
-    masked = MaskedModel(model, space, res.ranking)
-    report = ctx.data.report
-    kl_report, ppl_report = evaluate(model, masked, best.arch, report, teacher_hidden(model, report, desc="teacher (report)"))
-    masked.remove()
-    lim = res.limits
-    scored_pairs = sorted({pair for pairs in res.scored["limits"] for pair in pairs})
-    limits = f"the pick's max_width_pruning {lim['max_width_pruning']} / max_depth_pruning {lim['max_depth_pruning']}" + (
-        f", widened beyond ModelOpt's defaults; pairs scored: {', '.join(scored_pairs)}" if lim["widened"] else ""
+    select = ctx.data.select
+    teacher = None if ctx.hybrid else teacher_hidden(ctx.model, select, desc="teacher (selection)")
+    probe = None
+    if BASELINES[name].probes and job.compare.probe.on:
+        p = job.compare.probe
+        described = f"the best {p.candidates} again after {p.tokens:,} distillation tokens each"
+        probe = Probe(p.count, partial(_run_probe, job, ctx, work=out / ".probe"), described)
+    return PickContext(
+        ctx.model,
+        ctx.space,
+        ctx.cost_model,
+        ctx.constraints,
+        ctx.data.calib,
+        select,
+        teacher,
+        family=ctx.family,
+        tokenizer=ctx.tokenizer,
+        check_ids=ctx.data.report[:4],
+        probe=probe,
     )
-    probe = job.compare.probe
-    probed = f" (the best {probe.candidates} again after {probe.tokens:,} distillation tokens each)" if probe.on else ""
-    card = (
-        f"# {spec.model.name}, pruned by the {mspec.label} baseline for `{spec.scenario.name}`\n\n"
-        f"Homogeneous: hidden {best.hidden}, {best.heads} query heads, {best.kv_heads} KV heads, FFN {best.ffn}, "
-        f"dropped blocks {list(best.dropped) or 'none'}; {best.params:,} parameters; best selection-split KL of the top "
-        f"{mspec.top_k} per limit pair{probed}, {len(res.scored)} scored of {res.feasible} feasible homogeneous candidates "
-        f"(limits: {limits}; cost model `{ctx.cost_model.id}`)."
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    minitron.write_checkpoint(model, ctx.tokenizer, space, res.ranking, best.arch, out / "pruned", report[:4], card)
-    write_parquet(res.scored, out / "candidates.parquet")
-    summary = {
-        "label": mspec.label,
-        "architecture": best.arch.to_json(),
-        "feasible_candidates": res.feasible,
-        "limits": res.limits,
-        "hidden_size": best.hidden,
-        "num_attention_heads": best.heads,
-        "num_key_value_heads": best.kv_heads,
-        "ffn": best.ffn,
-        "dropped_blocks": list(best.dropped),
-        "kl_select": float(res.scored.loc[res.scored["chosen"], "kl"].iloc[0]),
-        "kl_report": kl_report,
-        "perplexity_report": ppl_report,
-    }
-    write_json(summary, out / "minitron.json")
-
-
-def minitron_moe_stage(job: CompareJob, ctx: Context, out: Path) -> None:
-    """Minitron's pick for a hybrid-MoE run (autocompress.baselines.minitron_moe), its checkpoint and candidates.parquet."""
-    from autocompress.arch.moe_pruning import prune
-    from autocompress.baselines import minitron_moe
-    from autocompress.checkpoints.moe_export import reload_checked
-    from autocompress.io import staged
-    from autocompress.search.moe import kl_and_perplexity, logits_of
-
-    model, mspec = ctx.model, job.compare.minitron
-    select = ctx.data.select[: mspec.score_sequences]
-    res = minitron_moe.search(model, ctx.cost_model.cost, ctx.constraints, ctx.data.calib, select, mspec)
-    pruned = prune(model, res.best, res.importance)
-    report = ctx.data.report
-    kl_report, ppl_report = kl_and_perplexity(pruned, report, logits_of(model, report))
-    arch = ctx.cost_model.arch(res.best)
-    dropped = [i for i in range(model.config.num_hidden_layers) if i not in res.best.layers]
-    lim = res.limits
-    card = (
-        f"# {ctx.spec.model.name}, pruned by the {minitron_moe.LABEL} baseline for `{ctx.spec.scenario.name}`\n\n"
-        f"{res.best.experts} routed experts of FFN {res.best.expert_ffn}, shared expert {res.best.shared_ffn}, dropped layers "
-        f"{dropped or 'none'}; {arch.params:,} parameters; best selection-split KL of the top {mspec.top_k} per limit pair, "
-        f"{len(res.scored)} scored of {res.feasible} feasible (limits {lim['max_width_pruning']} / {lim['max_depth_pruning']}"
-        f"{', widened beyond ModelOpt defaults' if lim['widened'] else ''}; cost model `{ctx.cost_model.id}`)."
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    ids = report[:2, :16]
-    with staged(out / "pruned", overwrite=True) as tmp:
-        pruned.save_pretrained(tmp)
-        ctx.tokenizer.save_pretrained(tmp)
-        reload_checked(pruned, tmp, ids)
-        (tmp / "README.md").write_text(card + "\n", encoding="utf-8")
-    write_parquet(res.scored, out / "candidates.parquet")
-    cfg = model.config
-    summary = {
-        "label": minitron_moe.LABEL,
-        "architecture": arch.to_json(),
-        "feasible_candidates": res.feasible,
-        "limits": res.limits,
-        "hidden_size": cfg.hidden_size,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "ffn": res.best.expert_ffn,
-        "experts": res.best.experts,
-        "expert_ffn": res.best.expert_ffn,
-        "shared_ffn": res.best.shared_ffn,
-        "dropped_blocks": dropped,
-        "kl_select": float(res.scored.loc[res.scored["chosen"], "kl"].iloc[0]),
-        "kl_report": kl_report,
-        "perplexity_report": ppl_report,
-    }
-    write_json(summary, out / "minitron.json")
 
 
 def baseline_stage(job: CompareJob, ctx: Context, name: str, out: Path) -> None:
-    """A registered baseline's pick (autocompress.baselines.interface), its checkpoint and `<name>.json`."""
+    """A registered baseline's pick (autocompress.baselines.interface), its checkpoint, its tables and `<name>.json`."""
     from autocompress.arch.importance import teacher_hidden
     from autocompress.arch.masking import MaskedModel
-    from autocompress.baselines.interface import BASELINES, PickContext
+    from autocompress.baselines.interface import BASELINES
     from autocompress.baselines.minitron import write_checkpoint
     from autocompress.search.differentiable import evaluate
 
-    model, space = ctx.model, ctx.space
-    select = ctx.data.select
-    teacher = teacher_hidden(model, select, desc="teacher (selection)")
-    pctx = PickContext(model, space, ctx.cost_model, ctx.constraints, ctx.data.calib, select, teacher)
-    pick = BASELINES[name].pick(pctx, getattr(job.compare, name))
+    pick = BASELINES[name].pick(_pick_context(job, ctx, name, out), getattr(job.compare, name))
     report = ctx.data.report
-    masked = MaskedModel(model, space, pick.ranking)
-    kl_report, ppl_report = evaluate(model, masked, pick.arch, report, teacher_hidden(model, report, desc="teacher (report)"))
-    masked.remove()
+    if pick.report is None or pick.write is None:  # the teacher sliced and masked by the pick's ranking
+        if pick.ranking is None:
+            raise TypeError(f"baseline {name!r}: a pick without a ranking must write its checkpoint and report its KL itself")
+        ranking = pick.ranking
+    if pick.report is not None:
+        kl_report, ppl_report = pick.report(report)
+    else:
+        masked = MaskedModel(ctx.model, ctx.space, ranking)
+        kl_report, ppl_report = evaluate(ctx.model, masked, pick.arch, report, teacher_hidden(ctx.model, report, desc="teacher (report)"))
+        masked.remove()
     summary = pick.summary() | {"kl_report": kl_report, "perplexity_report": ppl_report}
-    card = (
-        f"# {ctx.spec.model.name}, pruned by the {pick.label} baseline for `{ctx.spec.scenario.name}`\n\n"
+    shape = pick.description or (
         f"Hidden {pick.arch.hidden_size}, attention per layer (KV heads, '-' = none) `{summary['attention']}`, "
-        f"FFN widths {summary['ffn']}; {pick.arch.num_params():,} parameters; selection-split KL {pick.kl_select:.4f} "
-        f"(cost model `{ctx.cost_model.id}`)."
+        f"FFN widths {summary['ffn']}; {pick.arch.num_params():,} parameters; selection-split KL {pick.kl_select:.4f}"
     )
+    title = f"# {ctx.spec.model.name}, pruned by the {pick.label} baseline for `{ctx.spec.scenario.name}`"
+    card = f"{title}\n\n{shape}; cost model `{ctx.cost_model.id}`."
     out.mkdir(parents=True, exist_ok=True)
-    write_checkpoint(model, ctx.tokenizer, space, pick.ranking, pick.arch, out / "pruned", report[:4], card)
+    if pick.write is not None:
+        pick.write(out / "pruned", card)
+    else:
+        write_checkpoint(ctx.model, ctx.tokenizer, ctx.space, ranking, pick.arch, out / "pruned", report[:4], card)
+    for table, frame in pick.tables.items():
+        write_parquet(frame, out / f"{table}.parquet")
     write_json(summary, out / f"{name}.json")
 
 
@@ -464,12 +397,6 @@ def _measure(ctx: Context, models: list[Model], path: Path) -> None:
     write_json(measured, path)
 
 
-def minitron_widening() -> str:
-    from autocompress.baselines.minitron import WIDENING
-
-    return WIDENING
-
-
 def _autocompress_model(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> Model:
     """The AutoCompress trial (the probe's pick where it is on) through the export."""
     from autocompress.checkpoints.pipeline import ExportRequest, export
@@ -510,43 +437,26 @@ def _pick_inputs(ctx: Context) -> dict[str, Any]:
     }
 
 
-def _minitron_model(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> Model:
-    """Minitron's pick (dense or hybrid-MoE) through the same slicing."""
-    mkey = {
-        "minitron": dataclasses.asdict(job.compare.minitron),
-        "widening": minitron_widening(),  # a pick made under an older widening rule is not reused
-        **_pick_inputs(ctx),
-        **({"probe": _probe_inputs(job, ctx)} if job.compare.probe.on else {}),  # without it, keys made before the probe still match
-    }
-    stage = minitron_moe_stage if ctx.hybrid else minitron_stage
-    stages.run("minitron/pruned", mkey, out / "minitron" / "pruned", partial(stage, job, ctx, out / "minitron"))
-    mt = json.loads((out / "minitron" / "minitron.json").read_text())
-    arch = _arch(ctx, mt["architecture"])
-    if ctx.hybrid:
-        label = f"{mt['label']}: {len(arch.shape.layers)} layers, {mt['experts']} experts"
-    else:
-        label = f"{mt['label']}: {arch.num_layers - len(mt['dropped_blocks'])} layers, {mt['num_attention_heads']} query heads"
-    return Model("minitron", arch, ctx.cost_model.predict(arch), float(mt["kl_report"]), label=label)
-
-
 def _baseline_model(job: CompareJob, ctx: Context, out: Path, stages: Stages, name: str) -> Model:
     """A baseline registered in autocompress.baselines.interface, through the same slicing."""
-    key = {name: dataclasses.asdict(getattr(job.compare, name)), **_pick_inputs(ctx)}
+    from autocompress.baselines.interface import BASELINES
+
+    baseline = BASELINES[name]
+    key = {name: dataclasses.asdict(getattr(job.compare, name)), **(baseline.key() if baseline.key else {}), **_pick_inputs(ctx)}
+    if baseline.probes and job.compare.probe.on:  # without it, keys made before the probe still match
+        key["probe"] = _probe_inputs(job, ctx)
     stages.run(f"{name}/pruned", key, out / name / "pruned", partial(baseline_stage, job, ctx, name, out / name))
     done = json.loads((out / name / f"{name}.json").read_text())
     arch = _arch(ctx, done["architecture"])
-    return Model(name, arch, ctx.cost_model.predict(arch), float(done["kl_report"]), label=done["label"])
+    label = done.get("table_label", done["label"])
+    return Model(name, arch, ctx.cost_model.predict(arch), float(done["kl_report"]), label=label)
 
 
 def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Model]:
     """Every method's pruned checkpoint, in compare.methods' order (AutoCompress first)."""
     models = [_autocompress_model(job, ctx, out, stages)]
-    for name in job.compare.methods or ("autocompress", "minitron"):
-        if name == "minitron":
-            models.append(_minitron_model(job, ctx, out, stages))
-        elif name != "autocompress":
-            models.append(_baseline_model(job, ctx, out, stages, name))
-    return models
+    baselines = [name for name in job.compare.methods or ("autocompress", "minitron") if name != "autocompress"]
+    return models + [_baseline_model(job, ctx, out, stages, name) for name in baselines]
 
 
 def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stages, models: list[Model]) -> Model:
@@ -620,26 +530,15 @@ def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model],
     text = markdown(frame, diffs, ctx.constraints, note, job)
     title = " vs ".join(TITLES[m.name] for m in models[1:])
     write_text(f"# {title}: `{ctx.spec.scenario.name}`\n\n" + text, out / "compare.md")
-    minitron = json.loads((out / "minitron" / "minitron.json").read_text()) if "minitron" in others else None
     diff_vs = {}
     for name, d in diffs.items():
         avg = d.set_index("task").loc["average"]
         diff_vs[name] = {"mean": float(avg["diff"]), "low": float(avg["lo"]), "high": float(avg["hi"])}
     baselines: dict[str, Any] = {}
     for name, m in others.items():
-        if name == "minitron" and minitron is not None:
-            baselines[name] = {
-                "params": m.arch.num_params(),
-                "average": 100 * m.score("average"),
-                **{k: minitron[k] for k in ("label", "hidden_size", "num_attention_heads", "num_key_value_heads", "ffn")},
-                **{k: minitron[k] for k in ("experts", "expert_ffn", "shared_ffn") if k in minitron},  # hybrid-MoE runs
-                "dropped_blocks": minitron["dropped_blocks"],
-                "limits": minitron["limits"],
-            }
-            continue
         done = json.loads((out / name / f"{name}.json").read_text())
-        keep = ("label", "hidden_size", "attention", "ffn", "blocks", "solves", "kl_select", "kl_report")
-        baselines[name] = {"params": m.arch.num_params(), "average": 100 * m.score("average"), **{k: done[k] for k in keep if k in done}}
+        recorded = {k: done[k] for k in RECORDED if k in done}
+        baselines[name] = {"params": m.arch.num_params(), "average": 100 * m.score("average"), **recorded}
     write_json(
         {
             "scenario": ctx.spec.scenario.name,
@@ -676,11 +575,14 @@ def _probe_summary(job: CompareJob, out: Path) -> dict[str, Any] | None:
         return None
     ac = json.loads((out / "autocompress" / "probe.json").read_text()) if job.compare.trial is None else None
     summary = {**dataclasses.asdict(probe), "autocompress": ac["candidates"] if ac else "compare.trial was given: not probed"}
-    if "minitron" in (job.compare.methods or ()):
-        mt = pd.read_parquet(out / "minitron" / "candidates.parquet")
-        mt = mt[mt["kl_select_probe"].notna()]
-        columns = ["params", "kl", "kl_select_probe", "chosen", "architecture"]
-        summary["minitron"] = [{**r, "kl_select": r.pop("kl")} for r in mt[columns].to_dict("records")]
+    from autocompress.baselines.interface import BASELINES
+
+    for name in job.compare.methods or ():
+        if name in BASELINES and BASELINES[name].probes:
+            cands = pd.read_parquet(out / name / "candidates.parquet")
+            cands = cands[cands["kl_select_probe"].notna()]
+            columns = ["params", "kl", "kl_select_probe", "chosen", "architecture"]
+            summary[name] = [{**r, "kl_select": r.pop("kl")} for r in cands[columns].to_dict("records")]
     return summary
 
 

@@ -97,4 +97,9 @@ def test_every_registered_baseline_keeps_the_pick_contract(name: str, tiny_model
     assert tiny_space.allows(pick.arch) and meets(cm, cons, pick.arch)
     assert pick.kl_select > 0 and pick.label and sorted(pick.ranking.ffn[0].tolist()) == list(range(96))
     summary = pick.summary()
-    assert summary["params"] == pick.arch.num_params() and len(summary["attention"]) == len(summary["ffn"]) == 3
+    assert summary["params"] == pick.arch.num_params() and summary["architecture"] == pick.arch.to_json()
+    assert summary["table_label"] and summary["kl_select"] == pick.kl_select
+    if pick.shape is None:  # the per-layer shape of a heterogeneous pick
+        assert len(summary["attention"]) == len(summary["ffn"]) == 3
+    else:  # a homogeneous pick names its one width per axis
+        assert summary["ffn"] == next(b.ffn for b in pick.arch.blocks if b.ffn)

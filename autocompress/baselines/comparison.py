@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
-from autocompress.baselines.interface import NaiveSpec
+from autocompress.baselines.interface import BASELINES, NaiveSpec
 from autocompress.baselines.minitron import MinitronSpec
 from autocompress.baselines.puzzletron import PuzzletronSpec
 from autocompress.config.build import build, run_spec_from_dict
@@ -21,16 +21,10 @@ from autocompress.quality.probe import ProbeSpec
 from autocompress.quality.tasks import TASKS
 
 COSTS = tuple(METRICS)  # every constrained cost, in the one metric table's order
-METHODS = ("autocompress", "minitron", "puzzletron", "homogeneous", "greedy")  # what compare.methods may name
+METHODS = ("autocompress", *BASELINES)  # what compare.methods may name
 DEFAULT_METHODS = ("autocompress", "minitron", "puzzletron")
-LLAMA_ONLY = ("puzzletron", "homogeneous", "greedy")  # methods for Llama-family runs only (left out of a hybrid-MoE run's default)
-TITLES = {
-    "autocompress": "AutoCompress",
-    "minitron": "Minitron",
-    "puzzletron": "Puzzletron",
-    "homogeneous": "homogeneous",
-    "greedy": "greedy",
-}
+LLAMA_ONLY = tuple(n for n, b in BASELINES.items() if b.llama_only)  # left out of a hybrid-MoE run's default methods
+TITLES = {"autocompress": "AutoCompress", **{n: b.title for n, b in BASELINES.items()}}
 
 
 @dataclass(frozen=True)

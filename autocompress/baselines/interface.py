@@ -4,20 +4,36 @@ A baseline sees the unpruned model, the search space, the run's cost model and a
 splits (it chooses on the selection split only) and returns its architecture with what compare records of it. Adding
 a baseline (docs/baselines.md): a function `pick(ctx, settings) -> Pick` here (or in its own module), one entry in
 BASELINES, its settings dataclass as a field of CompareSpec and under `compare.<name>` in conf/compare/default.yaml.
+Minitron sits here too, for both families compare runs (Llama: autocompress.baselines.minitron; hybrid MoE:
+autocompress.baselines.minitron_moe); it is the one baseline that uses compare.probe (`PickContext.probe`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 
 from autocompress.arch.masking import Ranking
-from autocompress.arch.space import Architecture, SearchSpace
+from autocompress.arch.space import Architecture
 from autocompress.config.metrics import Constraint
 from autocompress.cost import CostModel
+
+Writers = dict[str, Callable[[Path], object]]  # candidate name -> writes its checkpoint into a folder
+
+
+@dataclass(frozen=True)
+class Probe:
+    """compare.probe as a baseline sees it: `run(writers)` distils each candidate briefly and scores it on the selection
+    split (autocompress.quality.probe: one row per candidate; `chosen(rows)` names the pick)."""
+
+    count: int  # candidates to probe
+    run: Callable[[Writers], list[dict[str, Any]]]
+    described: str  # how the card says it, e.g. "the best 3 again after 16,384 distillation tokens each"
 
 
 @dataclass(frozen=True)
@@ -25,13 +41,22 @@ class PickContext:
     """What a baseline may use: the teacher, the space, the cost model, the bounds, calibration and selection tokens."""
 
     model: Any  # the unpruned model, frozen
-    space: SearchSpace
+    space: Any  # SearchSpace (None for a hybrid-MoE run: its shapes are not a SearchSpace's)
     cost_model: CostModel
     constraints: tuple[Constraint, ...]  # absolute
     calib: torch.Tensor  # [n, s] calibration split: importance, activation scores
     select: torch.Tensor  # [m, s] selection split: every choice among candidates
-    teacher_select: torch.Tensor  # [m, s, d] the unpruned model's final hidden states on `select`
+    teacher_select: torch.Tensor | None  # [m, s, d] the unpruned model's final hidden states on `select` (Llama family)
     progress: bool = True
+    family: str = "llama"  # llama | granitemoehybrid
+    tokenizer: Any = None  # saved with a checkpoint a pick writes itself
+    check_ids: torch.Tensor | None = None  # tokens a written checkpoint is verified on (compare: 4 report-split sequences)
+    probe: Probe | None = None  # compare.probe when it is on (only baselines registered with `probes` get it)
+
+    def teacher(self) -> torch.Tensor:
+        if self.teacher_select is None:
+            raise ValueError("this context has no teacher hidden states (a hybrid-MoE run): the baseline cannot score by them")
+        return self.teacher_select
 
 
 @dataclass
@@ -39,22 +64,34 @@ class Pick:
     """A baseline's architecture, how to slice the teacher's weights for it, and what it records."""
 
     arch: Architecture
-    ranking: Ranking  # the unit order the checkpoint keeps (hidden channels, FFN neurons, query heads)
+    ranking: Ranking | None  # the unit order the checkpoint keeps (hidden channels, FFN neurons, query heads); None: `write` does
     label: str  # the method, as a reader knows it
     kl_select: float  # selection-split KL of the pick, before any training
     settings: dict[str, Any] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)  # limits, solves, shape: whatever explains the pick
+    shape: dict[str, Any] | None = None  # the shape as compare.json records it; None: a Llama architecture's, per layer
+    description: str = ""  # the card's sentence on the shape and how it was chosen; "" = the shape per layer
+    table_label: str = ""  # the model's name in compare's table; "" = `label`
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # written beside the checkpoint as <name>.parquet
+    write: Callable[[Path, str], object] | None = None  # writes the checkpoint with a card; None: the teacher sliced by `ranking`
+    report: Callable[[torch.Tensor], tuple[float, float]] | None = None  # KL to the teacher, perplexity; None: the masked model's
 
     def summary(self) -> dict[str, Any]:
-        blocks = self.arch.blocks
+        shape = self.shape
+        if shape is None:
+            blocks = self.arch.blocks
+            shape = {
+                "hidden_size": self.arch.hidden_size,
+                "num_attention_heads": self.arch.num_attention_heads,
+                "attention": "".join(str(b.kv_heads) if b.kv_heads else "-" for b in blocks),
+                "ffn": [b.ffn for b in blocks],
+            }
         return {
             "label": self.label,
+            "table_label": self.table_label or self.label,
             "architecture": self.arch.to_json(),
             "params": self.arch.num_params(),
-            "hidden_size": self.arch.hidden_size,
-            "num_attention_heads": self.arch.num_attention_heads,
-            "attention": "".join(str(b.kv_heads) if b.kv_heads else "-" for b in blocks),
-            "ffn": [b.ffn for b in blocks],
+            **shape,
             "kl_select": self.kl_select,
             "settings": self.settings,
             **self.notes,
@@ -66,7 +103,7 @@ def puzzletron_pick(ctx: PickContext, settings: Any) -> Pick:
     from autocompress.baselines import puzzletron
 
     res = puzzletron.search(
-        ctx.model, ctx.space, ctx.cost_model, ctx.constraints, ctx.calib, ctx.select, ctx.teacher_select, settings, ctx.progress
+        ctx.model, ctx.space, ctx.cost_model, ctx.constraints, ctx.calib, ctx.select, ctx.teacher(), settings, ctx.progress
     )
     solves = [{"overshoot": s["overshoot"], "budgets": s["budgets"], "costs": s["costs"]} for s in res.solves]
     notes = {"blocks": res.shape(), "solves": solves, "library": len(res.blocks), "costs": res.costs}
@@ -86,7 +123,7 @@ def _selection_kl(ctx: PickContext, ranking: Ranking, arch: Architecture) -> flo
 
     masked = MaskedModel(ctx.model, ctx.space, ranking)
     try:
-        return evaluate(ctx.model, masked, arch, ctx.select, ctx.teacher_select)[0]
+        return evaluate(ctx.model, masked, arch, ctx.select, ctx.teacher())[0]
     finally:
         masked.remove()
 
@@ -122,6 +159,23 @@ def greedy_pick(ctx: PickContext, settings: NaiveSpec) -> Pick:
     return Pick(arch, ranking, "greedy sublayer removal", _selection_kl(ctx, ranking, arch), asdict(settings))
 
 
+def minitron_pick(ctx: PickContext, settings: Any) -> Pick:
+    """ModelOpt's mcore_minitron: homogeneous, Llama (autocompress.baselines.minitron) or hybrid MoE (minitron_moe)."""
+    if ctx.family == "granitemoehybrid":
+        from autocompress.baselines import minitron_moe
+
+        return minitron_moe.pick(ctx, settings)
+    from autocompress.baselines import minitron
+
+    return minitron.pick(ctx, settings)
+
+
+def minitron_key() -> dict[str, Any]:
+    from autocompress.baselines.minitron import WIDENING
+
+    return {"widening": WIDENING}  # a pick made under an older widening rule is not reused
+
+
 BaselinePick = Callable[[PickContext, Any], Pick]
 
 
@@ -132,9 +186,12 @@ class Baseline:
     pick: BaselinePick
     title: str
     llama_only: bool = True  # left out of a hybrid-MoE run's default methods, refused when named there
+    probes: bool = False  # picks among its candidates with compare.probe when that is on
+    key: Callable[[], dict[str, Any]] | None = None  # what else its pick depends on (part of its stage key)
 
 
 BASELINES: dict[str, Baseline] = {
+    "minitron": Baseline(minitron_pick, "Minitron", llama_only=False, probes=True, key=minitron_key),
     "puzzletron": Baseline(puzzletron_pick, "Puzzletron"),
     "homogeneous": Baseline(homogeneous_pick, "homogeneous"),
     "greedy": Baseline(greedy_pick, "greedy"),

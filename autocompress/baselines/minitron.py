@@ -328,6 +328,65 @@ def search(
     return MinitronResult(scored_cands[best_row][0], ranking, imp, scored, feasible, limits, [c for c, _ in scored_cands])
 
 
+def pick(ctx: Any, spec: MinitronSpec) -> Any:
+    """Minitron's pick behind the baseline interface (autocompress.baselines.interface.PickContext -> Pick): `search`
+    scored on `spec.score_sequences` of the selection split, then, with compare.probe on, the best of its top candidates
+    after a short distillation each (autocompress.quality.probe: the Minitron paper's step)."""
+    from autocompress.baselines.interface import Pick
+
+    n = spec.score_sequences
+    select, teacher = ctx.select[:n], ctx.teacher()[:n]
+    res = search(ctx.model, ctx.space, ctx.cost_model, ctx.constraints, ctx.calib, select, teacher, spec, ctx.progress)
+    best = res.best
+    probed = ""
+    if ctx.probe is not None:  # its top candidates by selection KL, distilled briefly, scored again (as AutoCompress's)
+        from autocompress.quality.probe import chosen
+
+        top = res.scored.nsmallest(ctx.probe.count, "kl", keep="first")
+
+        def writer(i: int) -> Callable[[Path], object]:
+            arch = res.candidates[i].arch
+            return lambda folder: write_checkpoint(ctx.model, ctx.tokenizer, ctx.space, res.ranking, arch, folder, ctx.check_ids, "probe")
+
+        rows = ctx.probe.run({str(i): writer(int(i)) for i in top.index})
+        res.scored["kl_select_probe"] = float("nan")
+        for r in rows:
+            res.scored.loc[int(r["candidate"]), "kl_select_probe"] = r["kl_select_probe"]
+        chosen_at = int(chosen(rows))
+        res.scored["chosen"] = res.scored.index == chosen_at
+        best = res.candidates[chosen_at]
+        probed = f" ({ctx.probe.described})"
+    lim = res.limits
+    scored_pairs = sorted({pair for pairs in res.scored["limits"] for pair in pairs})
+    limits = f"the pick's max_width_pruning {lim['max_width_pruning']} / max_depth_pruning {lim['max_depth_pruning']}" + (
+        f", widened beyond ModelOpt's defaults; pairs scored: {', '.join(scored_pairs)}" if lim["widened"] else ""
+    )
+    description = (
+        f"Homogeneous: hidden {best.hidden}, {best.heads} query heads, {best.kv_heads} KV heads, FFN {best.ffn}, "
+        f"dropped blocks {list(best.dropped) or 'none'}; {best.params:,} parameters; best selection-split KL of the top "
+        f"{spec.top_k} per limit pair{probed}, {len(res.scored)} scored of {res.feasible} feasible homogeneous candidates "
+        f"(limits: {limits})"
+    )
+    shape = {
+        "hidden_size": best.hidden,
+        "num_attention_heads": best.heads,
+        "num_key_value_heads": best.kv_heads,
+        "ffn": best.ffn,
+        "dropped_blocks": list(best.dropped),
+    }
+    return Pick(
+        best.arch,
+        res.ranking,
+        spec.label,
+        float(res.scored.loc[res.scored["chosen"], "kl"].iloc[0]),
+        notes={"feasible_candidates": res.feasible, "limits": res.limits},
+        shape=shape,
+        description=description,
+        table_label=f"{spec.label}: {ctx.space.num_layers - len(best.dropped)} layers, {best.heads} query heads",
+        tables={"candidates": res.scored},
+    )
+
+
 # --------------------------------------------------------------------------- checkpoint
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -257,3 +258,57 @@ def search(
     )
     feasible = len({cand for a in admitted for cand in a.candidates["shape"]})
     return MoEMinitronResult(shape, imp, scored, feasible, limits)
+
+
+def pick(ctx: Any, spec: MinitronSpec) -> Any:
+    """Minitron's pick for a hybrid-MoE run behind the baseline interface (PickContext -> Pick): `search` on
+    `spec.score_sequences` of the selection split; the pruned module writes its own checkpoint and reports its own KL."""
+    from autocompress.baselines.interface import Pick
+    from autocompress.checkpoints.moe_export import reload_checked
+    from autocompress.io import staged
+    from autocompress.search.moe import kl_and_perplexity, logits_of
+
+    model = ctx.model
+    res = search(model, ctx.cost_model.cost, ctx.constraints, ctx.calib, ctx.select[: spec.score_sequences], spec, ctx.progress)
+    pruned = prune(model, res.best, res.importance)
+    arch = ctx.cost_model.arch(res.best)
+    dropped = [i for i in range(model.config.num_hidden_layers) if i not in res.best.layers]
+    lim = res.limits
+    description = (
+        f"{res.best.experts} routed experts of FFN {res.best.expert_ffn}, shared expert {res.best.shared_ffn}, dropped layers "
+        f"{dropped or 'none'}; {arch.params:,} parameters; best selection-split KL of the top {spec.top_k} per limit pair, "
+        f"{len(res.scored)} scored of {res.feasible} feasible (limits {lim['max_width_pruning']} / {lim['max_depth_pruning']}"
+        f"{', widened beyond ModelOpt defaults' if lim['widened'] else ''})"
+    )
+
+    def write(folder: Path, card: str) -> None:
+        with staged(folder, overwrite=True) as tmp:
+            pruned.save_pretrained(tmp)
+            ctx.tokenizer.save_pretrained(tmp)
+            reload_checked(pruned, tmp, ctx.check_ids[:2, :16])
+            (tmp / "README.md").write_text(card + "\n", encoding="utf-8")
+
+    cfg = model.config
+    shape = {
+        "hidden_size": cfg.hidden_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "ffn": res.best.expert_ffn,
+        "experts": res.best.experts,
+        "expert_ffn": res.best.expert_ffn,
+        "shared_ffn": res.best.shared_ffn,
+        "dropped_blocks": dropped,
+    }
+    return Pick(
+        arch,
+        None,
+        LABEL,
+        float(res.scored.loc[res.scored["chosen"], "kl"].iloc[0]),
+        notes={"feasible_candidates": res.feasible, "limits": res.limits},
+        shape=shape,
+        description=description,
+        table_label=f"{LABEL}: {len(res.best.layers)} layers, {res.best.experts} experts",
+        tables={"candidates": res.scored},
+        write=write,
+        report=lambda tokens: kl_and_perplexity(pruned, tokens, logits_of(model, tokens)),
+    )
