@@ -8,6 +8,7 @@ report.md is written last, so a report folder never holds half a report.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
@@ -164,13 +165,23 @@ def slug(run: Run) -> str:
 def write_report(runs: Sequence[Run], out: Path) -> Path:
     """Figures, then report.md; returns the path of report.md."""
     check_writable(out, "--out")  # a file, or a folder that cannot be written: one error before any figure
+    made = [p for p in (out, *out.parents) if not p.exists()]
     out.mkdir(parents=True, exist_ok=True)
-    many = len(runs) > 1
-    sections = [run_section(run, draw_run(run, out, slug(run) if many else ""), out) for run in runs]
-    head = ["# AutoCompress report", "", "Runs: " + ", ".join(f"`{r.path}`" for r in runs), ""]
-    if many:
-        head += summary_section(runs, out)
-    return write_text("\n".join(head) + "\n" + "\n\n".join(sections) + "\n", out / "report.md")
+    before = set(out.iterdir())
+    try:
+        many = len(runs) > 1
+        sections = [run_section(run, draw_run(run, out, slug(run) if many else ""), out) for run in runs]
+        head = ["# AutoCompress report", "", "Runs: " + ", ".join(f"`{r.path}`" for r in runs), ""]
+        if many:
+            head += summary_section(runs, out)
+        return write_text("\n".join(head) + "\n" + "\n\n".join(sections) + "\n", out / "report.md")
+    except BaseException:  # no figures of a report that never got its report.md (earlier files stay)
+        for path in set(out.iterdir()) - before:
+            path.unlink(missing_ok=True)
+        for folder in made:  # innermost first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
 
 
 def summary_section(runs: Sequence[Run], out: Path) -> list[str]:

@@ -20,7 +20,6 @@ rewritten atomically; `trials.parquet` gets the same columns for the verified tr
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,18 +29,18 @@ import pandas as pd
 from autocompress.arch.space import Architecture
 from autocompress.cluster import init_ray
 from autocompress.config.cliargs import guarded
-from autocompress.config.compose import run_spec_of
 from autocompress.config.metrics import Constraint
 from autocompress.config.schema import RunSpec
 from autocompress.cost.engine import measure_many, measured_metrics, measured_spreads, require_vllm, settings_for
 from autocompress.errors import ConfigError
-from autocompress.io import RUN_METADATA, RUN_PARETO, RUN_VERIFY, check_writable, log, write_parquet
+from autocompress.io import RUN_PARETO, RUN_VERIFY, check_writable, log, write_parquet
 from autocompress.model.base import load_base_model
+from autocompress.results.runcheck import CheckedRun, check_run_folder
 from autocompress.results.store import read_table
 
 
-def _constraints(run_dir: Path) -> tuple[Constraint, ...]:
-    meta = json.loads((run_dir / RUN_METADATA).read_text())
+def _constraints(meta: dict[str, Any]) -> tuple[Constraint, ...]:
+    """The run's absolute bounds (metadata.json, checked by `check_run_folder`)."""
     return tuple(Constraint(metric, float(c["value"])) for metric, c in meta["constraints"].items())
 
 
@@ -81,13 +80,18 @@ def _merge(frame: pd.DataFrame, measured: dict[str, dict[str, Any]]) -> pd.DataF
     return keep.merge(extra, left_on="trial_id", right_index=True, how="left")
 
 
-def _run_of(path: Path) -> tuple[Path, Path, RunSpec]:
-    """(pareto file, run folder, the run's spec) of a pareto.parquet or a run folder given on the command line."""
+def _run_of(path: Path) -> tuple[Path, CheckedRun]:
+    """(pareto file, its run folder checked) of a pareto.parquet or a run folder given on the command line."""
     if path.is_dir():
         path = path / RUN_PARETO
     if not path.exists():
         raise ConfigError(f"{path} does not exist; give results/<scenario>/<run_id>/pareto.parquet of a finished sweep")
-    return path, path.parent, run_spec_of(path.parent)
+    return path, check_run_folder(path.parent, status="any", tables=(path,), fronts=False)
+
+
+def _spec(run: CheckedRun) -> RunSpec:
+    assert run.spec is not None  # check_run_folder's config="required"
+    return run.spec
 
 
 def _finished(path: Path, what: str) -> pd.DataFrame:
@@ -113,14 +117,15 @@ def _save(found: dict[str, dict[str, Any]], out: Path, name: str) -> Path:
 def verify(path: Path, out: Path | None = None) -> pd.DataFrame:
     """Measure every architecture of a pareto.parquet (or any trials file of a run; a run folder: its pareto.parquet) in the
     engine; the measured columns go to `out`/measured.parquet (default <run>/verify/), which report and export read."""
-    path, run_dir, spec = _run_of(path)
-    out = Path(out) if out is not None else run_dir / RUN_VERIFY
+    path, run = _run_of(path)
+    spec = _spec(run)
+    out = Path(out) if out is not None else run.path / RUN_VERIFY
     check_writable(out, "out")
     table = _finished(path, "verify")
     hw, wl = spec.scenario.hardware, spec.scenario.workload
     require_vllm(hw.engine)
     settings = settings_for(spec.profile, hw, [wl])
-    constraints = _constraints(run_dir)
+    constraints = _constraints(run.metadata)
     base_config = load_base_model(spec.model).model.config.to_dict()
     init_ray(spec.sweep.ray_address)
     trials_of: dict[Architecture, list[str]] = {}
@@ -146,15 +151,16 @@ def estimate(path: Path, out: Path | None = None) -> pd.DataFrame:
     from autocompress.cost.aic import Estimator
     from autocompress.cost.design import wave_batch
 
-    path, run_dir, spec = _run_of(path)
-    out = Path(out) if out is not None else run_dir / RUN_VERIFY
+    path, run = _run_of(path)
+    spec = _spec(run)
+    out = Path(out) if out is not None else run.path / RUN_VERIFY
     check_writable(out, "out")
     hw, wl = spec.scenario.hardware, spec.scenario.workload
     if not hw.aiconfigurator or hw.aiconfigurator_derived:
         why = f"its tables are another GPU's ({hw.aiconfigurator})" if hw.aiconfigurator else "it names no aiconfigurator system"
         raise ConfigError(f"verify.source=aiconfigurator cannot judge {hw.name}: {why}; verify there in the engine")
     table = _finished(path, "estimate")
-    constraints = _constraints(run_dir)
+    constraints = _constraints(run.metadata)
     est = Estimator(hw.aiconfigurator)  # names its missing package before any model is loaded
     base = Architecture.from_llama_config(load_base_model(spec.model).model.config)
     space = SearchSpace.from_base(base, spec.search.space)

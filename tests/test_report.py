@@ -108,7 +108,7 @@ def test_load_run_is_typed_and_layers_match_summary_columns(tiny_run: Path) -> N
         (lambda p: None, "metadata.json does not exist"),
         (lambda p: (p / "metadata.json").write_text('{"status": "running"}'), "not finished"),
         (lambda p: (p / "metadata.json").write_text('{"status": "failed", "error": "InfeasibleError: x"}'), "InfeasibleError"),
-        (lambda p: (p / "metadata.json").write_text('{"status": "complete"}'), "trials.parquet does not exist"),
+        (lambda p: (p / "metadata.json").write_text('{"status": "complete", "constraints": {}}'), "trials.parquet does not exist"),
     ],
 )
 def test_unfinished_folders_are_refused_by_name(tmp_path: Path, make: object, message: str) -> None:

@@ -68,7 +68,7 @@ def write_run(tmp_path: Path, run_id: str, status: str, *overrides: str) -> Path
     run = tmp_path / "cpu_interactive" / run_id
     run.mkdir(parents=True)
     (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    (run / "metadata.json").write_text(json.dumps({"status": status}))
+    (run / "metadata.json").write_text(json.dumps({"status": status, "constraints": {}, "sweep_definition": {"searcher": "grid"}}))
     return run
 
 

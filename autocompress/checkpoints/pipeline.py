@@ -12,11 +12,11 @@ from autocompress.arch.space import Architecture, SearchSpace
 from autocompress.checkpoints.card import Exported, model_card, serving_settings
 from autocompress.checkpoints.slicing import write_weights
 from autocompress.checkpoints.verification import verify_export, vllm_check
-from autocompress.config.compose import run_spec_of
 from autocompress.errors import ConfigError
-from autocompress.io import RUN_METADATA, RUN_PARETO, RUN_RANKING, RUN_TRIALS, check_output, staged
+from autocompress.io import RUN_PARETO, RUN_RANKING, RUN_TRIALS, check_output, staged
 from autocompress.model.base import load_base_model
 from autocompress.model.data import load_token_data
+from autocompress.results.runcheck import check_run_folder
 
 # --------------------------------------------------------------------------- picking a trial of a sweep run
 
@@ -105,14 +105,15 @@ def export(req: ExportRequest) -> Exported | dict[str, Any]:
     check_output(req.out, req.overwrite)
     if req.out.resolve() in path.resolve().parents:
         raise ConfigError(f"out={req.out} holds the results file {path}; choose an output folder outside the run")
+    beside = [path.parent / RUN_TRIALS] if path.name != RUN_TRIALS and (path.parent / RUN_TRIALS).exists() else []
+    run = check_run_folder(path.parent, status="any", tables=(path, *beside), fronts=False)  # before any model is loaded
     row = select_trial(path, req.trial, req.index, req.force)
-    run_dir = path.parent
-    spec = run_spec_of(run_dir)
+    run_dir, spec, meta = run.path, run.spec, run.metadata
+    assert spec is not None  # config="required"
     if row.get("family") == "granitemoehybrid":
         from autocompress.checkpoints.moe_export import export_moe
 
         return export_moe(row, spec, req.out, req.overwrite, req.verify, req.vllm)
-    meta = json.loads((run_dir / RUN_METADATA).read_text()) if (run_dir / RUN_METADATA).exists() else {}
     arch = Architecture.from_json(row["architecture"])
     loaded = load_base_model(spec.model)
     model, tokenizer = loaded.model, loaded.tokenizer

@@ -5,7 +5,6 @@ Files are written to a temporary name and renamed, so a reader never sees half a
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +16,8 @@ from autocompress.arch.space import Architecture
 from autocompress.config.metrics import Constraint
 from autocompress.config.schema import RunSpec
 from autocompress.cost import COST_KEYS
-from autocompress.errors import AutoCompressError
-from autocompress.io import RUN_METADATA, RUN_PARETO, RUN_TRIALS, RUN_VERIFY
+from autocompress.io import RUN_PARETO, RUN_TRIALS, RUN_VERIFY
+from autocompress.results.runcheck import FRONT_COLUMNS, RunFolderError, check_metadata, check_run_folder, check_table, read_table
 
 # column -> (dtype, meaning); the README documents the same schema
 TRIAL_SCHEMA: dict[str, tuple[str, str]] = {
@@ -75,7 +74,6 @@ TRIAL_SCHEMA: dict[str, tuple[str, str]] = {
     "cost_model": ("string", "id of the cost model that predicted the costs"),
     "cost_model_extrapolated": ("bool", "the architecture or workload lies outside what the (fitted) cost model was measured on"),
 }
-FRONT_COLUMNS = [f"front_{c}" for c in (*COST_KEYS, "all")]
 
 
 def architecture_columns(arch: Architecture) -> dict[str, Any]:
@@ -123,10 +121,6 @@ def load(run_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 # --------------------------------------------------------------------------- typed readers of a finished run
-
-
-class RunFolderError(AutoCompressError, FileNotFoundError):
-    """A folder that is not a finished sweep run (also a FileNotFoundError, as `load` always raised)."""
 
 
 @dataclass(frozen=True)
@@ -181,32 +175,7 @@ def load_metadata(run_dir: str | Path) -> dict[str, Any]:
     run = Path(run_dir)
     if not run.is_dir():
         raise RunFolderError(f"{run} is not a folder; give a sweep run folder (results/<scenario>/<run_id>)")
-    path = run / RUN_METADATA
-    if not path.exists():
-        raise RunFolderError(f"{path} does not exist; give a sweep run folder (results/<scenario>/<run_id>), not its parent")
-    try:
-        meta: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise RunFolderError(f"{path} is unreadable ({exc}); rerun the sweep") from exc
-    status = meta.get("status")
-    if status == "running":
-        raise RunFolderError(f"{run} is not finished (status running); wait for the sweep, or rerun it if it was killed")
-    if status != "complete":
-        error = meta.get("error", "no error recorded")
-        raise RunFolderError(f"{run} did not finish (status {status}: {error}); fix the cause and rerun the sweep")
-    return meta
-
-
-def read_table(path: Path) -> pd.DataFrame:
-    """A run's Parquet file; RunFolderError (one line: the file, the cause, the fix) if it cannot be read."""
-    try:
-        return pd.read_parquet(path)
-    except Exception as exc:  # pyarrow's ArrowInvalid, OSError: a truncated, partly copied or foreign file
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        raise RunFolderError(
-            f"{path} cannot be read ({type(exc).__name__}: {first}); if its sweep was cut off, finish it with "
-            f"resume={path.parent}, else rerun the sweep (copy the whole run folder when moving it)"
-        ) from exc
+    return check_metadata(run)
 
 
 VERIFIED = ("measured.parquet", "estimated.parquet")  # what `verify` writes under <run>/verify/, one row per trial id
@@ -226,14 +195,7 @@ def with_verified(run: Path, df: pd.DataFrame, verify_dir: Path | None = None) -
 
 
 def _read_parquet(run: Path, name: str) -> pd.DataFrame:
-    path = run / name
-    if not path.exists():
-        raise RunFolderError(f"{path} does not exist; is {run} a finished sweep run? Rerun the sweep")
-    df = read_table(path)
-    missing = [c for c in ("kl_select", "kl", "params", "feasible") if c not in df.columns]
-    if missing:
-        raise RunFolderError(f"{path} lacks the column(s) {', '.join(missing)}: a run from an older AutoCompress; rerun the sweep")
-    return typed(with_verified(run, df))
+    return typed(with_verified(run, check_table(run / name, front=name == RUN_PARETO)))
 
 
 def load_trials(run_dir: str | Path) -> pd.DataFrame:
@@ -247,17 +209,11 @@ def load_pareto(run_dir: str | Path) -> pd.DataFrame:
 
 
 def load_run(run_dir: str | Path) -> Run:
-    """Everything a finished run folder holds, checked: RunFolderError if it is not a finished run."""
-    from autocompress.config.compose import run_spec_of  # hydra/omegaconf only when a run is read
-
+    """Everything a finished run folder holds, checked (`check_run_folder`): RunFolderError if it is not a finished run."""
     run = Path(run_dir).resolve()
-    meta = load_metadata(run)
-    trials, pareto = load_trials(run), load_pareto(run)
-    try:
-        spec: RunSpec | None = run_spec_of(run)
-    except AutoCompressError:
-        spec = None  # an older config.yaml: metadata.json still holds what a report needs
-    return Run(path=run, trials=trials, pareto=pareto, metadata=meta, spec=spec)
+    checked = check_run_folder(run, config="optional")  # an older config.yaml: metadata.json still holds what a report needs
+    trials, pareto = (typed(with_verified(run, checked.tables[name])) for name in (RUN_TRIALS, RUN_PARETO))
+    return Run(path=run, trials=trials, pareto=pareto, metadata=checked.metadata, spec=checked.spec)
 
 
 def layers(df: pd.DataFrame) -> pd.DataFrame:

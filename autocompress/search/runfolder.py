@@ -24,6 +24,7 @@ from autocompress.config.compose import plain
 from autocompress.config.schema import RunSpec
 from autocompress.errors import ConfigError
 from autocompress.io import RUN_CONFIG, RUN_METADATA, RUN_PARETO, RUN_RANKING, RUN_TRIALS, write_json
+from autocompress.results.runcheck import check_run_folder
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,6 +76,8 @@ class RunFolder:
             data: dict[str, Any] = json.loads((self.path / RUN_METADATA).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{self.path}/metadata.json is unreadable ({exc}); this run cannot be resumed, start a new one") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{self.path}/metadata.json holds a JSON {type(data).__name__}, not an object; this run cannot be resumed")
         return data
 
     def write_metadata(self, meta: dict[str, Any]) -> None:
@@ -83,12 +86,12 @@ class RunFolder:
 
     def recorded_rows(self) -> list[dict[str, Any]]:
         """Rows of trials.parquet that finished (status ok): the trials a resume keeps."""
-        import pandas as pd
+        from autocompress.results.runcheck import read_table
 
         path = self.path / RUN_TRIALS
         if not path.exists():
             return []
-        df = pd.read_parquet(path)
+        df = read_table(path)
         return [{k: (None if _missing(v) else v) for k, v in r.items()} for r in df[df["status"] == "ok"].to_dict("records")]
 
 
@@ -199,6 +202,8 @@ def resume_target(current: dict[str, Any], resume: Any, overrides: list[str]) ->
     if not (run_dir / RUN_CONFIG).exists() and not (remote and fetch_dir(remote, run_dir)):
         where = f"{run_dir} (nor {remote})" if remote else str(run_dir)
         raise ConfigError(f"resume={resume}: {where} holds no config.yaml; give the folder of a sweep run (results/<scenario>/<run_id>)")
+    checked = check_run_folder(run_dir, status="resumable", tables=(RUN_TRIALS,))  # before the model is loaded, nothing written
+    check_resumable(run_dir, checked.metadata)  # a finished run, or one another process runs: refused now, not after preparing
     loaded = OmegaConf.load(run_dir / RUN_CONFIG)
     assert isinstance(loaded, DictConfig)
     stored = plain(loaded)
