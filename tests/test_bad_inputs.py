@@ -46,13 +46,79 @@ ROWS = [
 ]
 
 
+SWEEP = ["+scenario=cpu_interactive", "results.dir={tmp}"]
+PLAN = ["+scenario=b200_longctx", "results.dir={tmp}"]
+COMPARE = ["+scenario=cpu_interactive", "model=tiny_llama", "results.dir={tmp}"]
+ROWS += [
+    # numeric settings out of their documented range, refused before the run folder exists
+    ("sweep", [*SWEEP, "scenario.constraints.tpot_ms=1e-300x"], "scenario.constraints.tpot_ms=1e-300x is outside [0.001, 1000]"),
+    ("sweep", [*SWEEP, "scenario.constraints.tpot_ms=1e308x"], "scenario.constraints.tpot_ms=1e+308x is outside [0.001, 1000]"),
+    ("sweep", [*SWEEP, "scenario.constraints.ttft_ms=1e-300"], "scenario.constraints.ttft_ms=1e-300 is outside [1e-06, 1e+09]"),
+    ("sweep", [*SWEEP, "scenario.constraints.ttft_ms=1e308"], "scenario.constraints.ttft_ms=1e+308 is outside [1e-06, 1e+09]"),
+    ("sweep", [*SWEEP, "scenario.constraints.ttft_ms=nan"], "scenario.constraints.ttft_ms must be a finite number"),
+    ("sweep", [*SWEEP, "scenario.constraints.tpot_ms=fast"], "scenario.constraints.tpot_ms='fast' is not understood"),
+    ("sweep", [*SWEEP, "scenario.constraints.tpot_ms=0x"], "scenario.constraints.tpot_ms must be > 0"),
+    (
+        "sweep",
+        [*SWEEP, "sweep.definition.grid.margin=[0.0,1.5]"],
+        "sweep.definition.grid.margin holds 1.5: search.settings.margin must be in [0, 1)",
+    ),
+    ("sweep", [*SWEEP, "sweep.definition.grid.dual_lr=[-1]"], "sweep.definition.grid.dual_lr holds -1"),
+    ("sweep", [*SWEEP, "search.settings.margin=1.5"], "search.settings.margin must be in [0, 1), got 1.5"),
+    ("sweep", [*SWEEP, "search.steps=0"], "search.steps must be > 0, got 0"),
+    ("sweep", [*SWEEP, "search.steps=1.5"], "search.steps must be a whole number"),
+    ("sweep", [*SWEEP, "sweep.num_trials=0"], "sweep.num_trials must be > 0"),
+    ("sweep", [*SWEEP, "sweep.cpus_per_trial=0"], "sweep.cpus_per_trial must be > 0"),
+    ("sweep", [*SWEEP, "hardware.memory_gib=-4"], "hardware.memory_gib must be > 0"),
+    ("sweep", [*SWEEP, "workload.concurrency=0"], "workload.concurrency must be > 0"),
+    ("sweep", [*SWEEP, "data.seq_len=1"], "data.seq_len=1: a window needs >= 2 tokens"),
+    ("sweep", [*SWEEP, "data.calib_sequences=0"], "data.calib_sequences must be > 0"),
+    ("sweep", [*SWEEP, "model=tiny_llama", "model.num_attention_heads=3"], "model.num_attention_heads=3 does not divide"),
+    ("sweep", [*SWEEP, "model=tiny_llama", "model.num_key_value_heads=3"], "model.num_key_value_heads=3 does not divide"),
+    ("sweep", [*SWEEP, "model=tiny_llama", "model.vocab_size=0"], "model.vocab_size must be > 0"),
+    # an empty value is an error, not "not given"
+    ("sweep", [*SWEEP, "results.dir="], "results.dir is empty"),
+    ("sweep", [*SWEEP, "model.name="], "model.name is empty"),
+    ("sweep", [*SWEEP, "data.path="], "data.path is empty"),
+    ("sweep", [*SWEEP, "model=hf", "model.path="], "model.path is empty"),
+    ("sweep", [*SWEEP, "workload.dtype="], "workload.dtype is empty"),
+    ("sweep", [*SWEEP, "results.run_id=x/y"], "results.run_id='x/y' may only hold letters"),
+    ("sweep", [*SWEEP, "search.stepz=5"], "unknown key search.stepz; did you mean search.steps?"),
+    ("sweep", [*SWEEP, "resume=auto"], "resume=auto needs +scenario=NAME and results.run_id=ID"),
+    ("sweep", [*SWEEP, "resume={tmp}/nope"], "holds no config.yaml"),
+    ("compare", [*COMPARE, "compare.run="], "compare.run is empty"),
+    ("compare", [*COMPARE, "compare.run={tmp}/nope"], "nope is not a folder"),
+    ("compare", [*COMPARE, "compare.run={tmp}/done"], "metadata.json does not exist"),
+    ("compare", [*COMPARE, "compare.seeds=[]"], "compare.seeds must be a non-empty list"),
+    ("compare", [*COMPARE, "compare.methods=[]"], "start with autocompress"),
+    # plan: a model known by its architecture only
+    ("plan", [*PLAN, "architecture.hidden_size=0"], "architecture.hidden_size=0 must be > 0"),
+    ("plan", [*PLAN, "architecture.vocab_size=0"], "architecture.vocab_size=0 must be > 0"),
+    ("plan", [*PLAN, "architecture.num_key_value_heads=0"], "architecture.num_key_value_heads=0 must be > 0"),
+    ("plan", [*PLAN, "architecture.num_key_value_heads=3"], "architecture.num_key_value_heads=3 does not divide"),
+    ("plan", [*PLAN, "architecture.n_groups=3"], "architecture.n_groups=3 does not divide architecture.mamba_num_heads"),
+    ("plan", [*PLAN, "architecture.moe_intermediate_size=0"], "architecture.moe_intermediate_size=0 must be > 0"),
+    ("plan", [*PLAN, "architecture.hybrid_override_pattern=MXZ"], "architecture.hybrid_override_pattern holds"),
+    ("plan", [*PLAN, "results.run_id=x/y"], "results.run_id='x/y' may only hold letters"),
+    ("plan", [*PLAN, "scenario.constraints.tpot_ms=1e-300x"], "is outside [0.001, 1000]"),
+]
+HYDRA = {"sweep": "run_sweep", "compare": "build_context", "plan": "run_plan"}  # command -> where its expensive work starts
+
+
 @pytest.mark.parametrize(("command", "argv", "message"), ROWS, ids=[f"{r[0]}:{' '.join(r[1])}" for r in ROWS])
-def test_command_line_refusals(command: str, argv: list[str], message: str, tmp_path: Path, capsys: Any) -> None:
+def test_command_line_refusals(
+    command: str, argv: list[str], message: str, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "done").mkdir()
     (tmp_path / "done" / "eval.json").write_text("{}")
     (tmp_path / "pareto.parquet").write_bytes(b"")
     before = sorted(tmp_path.rglob("*"))
-    code = COMMANDS[command]([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    if command in HYDRA:
+        _guard(command, monkeypatch)
+        code = _hydra(command, args, monkeypatch)
+    else:
+        code = COMMANDS[command](args)
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and message in errors[0], err
@@ -89,6 +155,16 @@ def _hydra(module: str, argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int
     except SystemExit as exc:
         return int(exc.code or 0)
     return 0
+
+
+def _guard(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row that gets past the checks fails here, before a model loads or Ray starts."""
+    import importlib
+
+    def reached(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"{command} got to {HYDRA[command]}: the bad input was not refused up front")
+
+    monkeypatch.setattr(importlib.import_module(f"autocompress.{command}"), HYDRA[command], reached)
 
 
 def _verify(argv: list[str]) -> int:
@@ -230,6 +306,8 @@ def _run_command(command: str, run: Path, tmp: Path, monkeypatch: pytest.MonkeyP
         return _verify([str(run / "pareto.parquet")])
     if command == "export":
         return _export([str(run / "pareto.parquet"), "index=0", f"out={tmp / 'exported'}"])
+    if command in ("compare", "resume"):
+        _guard("sweep" if command == "resume" else command, monkeypatch)
     if command == "compare":
         return _hydra("compare", ["+scenario=cpu_interactive", "model=tiny_llama", f"compare.run={run}"], monkeypatch)
     return _hydra("sweep", [f"resume={run}"], monkeypatch)
@@ -318,3 +396,13 @@ def test_a_sweep_where_every_trial_failed_is_not_a_success(tmp_path: Path) -> No
     with pytest.raises(AutoCompressError, match=r"every one of the 2 trials failed \(most often: 'ValueError: cost is nan', 2x\)"):
         check_some_trial_finished(failed, tmp_path)
     check_some_trial_finished(pd.DataFrame({"status": ["error", "ok"], "error": ["boom", ""]}), tmp_path)  # one finished: fine
+
+
+def test_a_relative_bound_on_a_base_cost_of_zero_names_the_hardware() -> None:
+    """hardware.memory_gib=1e-9: no sequence fits, the base model's throughput is 0; said so, not 'throughput_tok_s must be > 0'."""
+    from autocompress.config.metrics import Constraint
+
+    with pytest.raises(
+        ConfigError, match=r"base model's predicted throughput_tok_s is 0 \(no sequence of the workload fits: check hardware"
+    ):
+        Constraint("throughput_tok_s", 0.5, relative=True).resolve({"throughput_tok_s": 0.0})

@@ -36,6 +36,13 @@ WIDTHS = (
 SHAPE_KEYS = (*WIDTHS, "mamba_layers", "moe_layers", "attention_layers", "mlp_layers")  # a shape: global widths and blocks kept per kind
 LETTERS = {"mamba": "M", "linear_attention": "M", "moe": "E", "attention": "*", "full_attention": "*", "mlp": "-"}
 LEGACY = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel", "mamba_conv_bias": "use_conv_bias"}
+# sizes a block of each kind uses (each must be > 0 when the pattern has that kind)
+SIZES_OF = {
+    "*": ("num_attention_heads", "num_key_value_heads", "head_dim"),
+    "M": ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel"),
+    "E": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"),
+    "-": ("intermediate_size",),
+}
 # fields a model without blocks of that kind need not give
 UNUSED_WITHOUT = {
     "E": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_shared_expert_intermediate_size"),
@@ -83,6 +90,22 @@ class HybridModel:
             )
         if self.num_experts_per_tok > self.n_routed_experts:
             raise ConfigError("architecture.num_experts_per_tok must be <= n_routed_experts")
+        self._check_sizes()
+
+    def _check_sizes(self) -> None:
+        """Every size a block of the pattern uses is > 0 (a zero plans zero-width shapes), head counts divide."""
+        pattern = self.hybrid_override_pattern
+        keys = ["hidden_size", "vocab_size", *(k for letter, ks in SIZES_OF.items() if letter in pattern for k in ks)]
+        for key in keys:
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"architecture.{key}={getattr(self, key)!r} must be > 0 (the pattern has blocks that use it)")
+        if "*" in self.hybrid_override_pattern and self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"architecture.num_key_value_heads={self.num_key_value_heads} does not divide "
+                f"architecture.num_attention_heads={self.num_attention_heads}"
+            )
+        if "M" in self.hybrid_override_pattern and self.mamba_num_heads % self.n_groups:
+            raise ConfigError(f"architecture.n_groups={self.n_groups} does not divide architecture.mamba_num_heads={self.mamba_num_heads}")
 
     @staticmethod
     def from_mapping(data: Mapping[str, Any], name: str = "") -> HybridModel:

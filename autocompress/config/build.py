@@ -83,6 +83,8 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     if hint is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key} must be a string, got {value!r}")
+        if not value.strip():  # `model.path=` is a typo or an unset variable, never "not given"
+            raise ConfigError(f"{key} is empty; give a value, or drop {key}= to keep the default")
         return value
     return value
 

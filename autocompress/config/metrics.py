@@ -20,6 +20,10 @@ METRICS: dict[str, str] = {
     "throughput_tok_s": "min",
     "memory_gib": "max",
 }
+# The valid range of a bound: a multiple of the base model's cost ('NUMx'), or an absolute one in the metric's unit (ms,
+# tokens/s, GiB). Outside it the search's cost / bound ratios overflow float32 (1e-300, 1e308) and every trial ends NaN.
+RELATIVE_RANGE = (1e-3, 1e3)
+ABSOLUTE_RANGE = (1e-6, 1e9)
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,11 @@ class Constraint:
             raise ConfigError(f"scenario.constraints.{self.metric} must be a finite number, got {self.value!r}")
         if self.value <= 0:
             raise ConfigError(f"scenario.constraints.{self.metric} must be > 0, got {self.value!r}")
+        low, high = RELATIVE_RANGE if self.relative else ABSOLUTE_RANGE
+        if not low <= self.value <= high:
+            shown = f"{self.value:g}x" if self.relative else f"{self.value:g}"
+            what = "a multiple of the base model's cost" if self.relative else "an absolute bound in the metric's unit"
+            raise ConfigError(f"scenario.constraints.{self.metric}={shown} is outside [{low:g}, {high:g}], the range of {what}")
 
     @property
     def sense(self) -> str:
@@ -46,7 +55,15 @@ class Constraint:
         """The absolute form of this constraint, given the base model's predicted costs."""
         if not self.relative:
             return self
-        return Constraint(self.metric, self.value * float(base_costs[self.metric]), relative=False)
+        base = float(base_costs[self.metric])
+        if not math.isfinite(base) or base <= 0:
+            fits = self.metric == "throughput_tok_s"
+            why = "no sequence of the workload fits: check hardware.memory_gib" if fits else "check the hardware"
+            raise ConfigError(
+                f"scenario.constraints.{self.metric}={self.value:g}x: the base model's predicted {self.metric} is {base:g} ({why}); "
+                f"give an absolute bound instead"
+            )
+        return Constraint(self.metric, self.value * base, relative=False)
 
     def tightened(self, margin: float) -> Constraint:
         """This (absolute) bound moved `margin` inside: an upper bound times 1 - margin, a lower one times 1 + margin."""

@@ -245,6 +245,8 @@ class DataSpec:
             raise ConfigError(f"data.path is required when data.source={self.source}")
         for key in ("seq_len", "calib_sequences", "select_sequences", "report_sequences", "test_sequences", "windows_per_document"):
             _positive(f"data.{key}", getattr(self, key))
+        if self.seq_len < 2:
+            raise ConfigError(f"data.seq_len={self.seq_len}: a window needs >= 2 tokens (each predicts the next); choose 2 or more")
         for key in ("select_share", "report_share"):
             if not 0 < getattr(self, key) < 1:
                 raise ConfigError(f"data.{key} must be in (0, 1), got {getattr(self, key)!r}")
@@ -281,6 +283,16 @@ class LagrangianSettings:
 
 
 SETTING_KEYS = [f.name for f in fields(LagrangianSettings)]
+
+
+def _check_grid(grid: Mapping[str, Any]) -> None:
+    """Every grid value is a valid Lagrangian setting (a margin of 1.5 is refused now, not in every trial)."""
+    for key, values in grid.items():
+        for value in values if isinstance(values, list | tuple) else [values]:
+            try:
+                LagrangianSettings(**{key: value})
+            except (ConfigError, TypeError) as exc:
+                raise ConfigError(f"sweep.definition.grid.{key} holds {value!r}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -348,6 +360,8 @@ class SweepSpec:
             raise ConfigError(
                 f"sweep.definition.{kind} must vary at least one Lagrangian setting; unknown: {unknown}; known: {SETTING_KEYS}"
             )
+        if searcher == "grid":
+            _check_grid(params)
         _positive("sweep.num_trials", self.num_trials)
         _positive("sweep.cpus_per_trial", self.cpus_per_trial)
         _positive("sweep.gpus_per_trial", self.gpus_per_trial, allow_zero=True)
