@@ -39,7 +39,8 @@ class CompareSpec:
     seed: int = 0
     seeds: tuple[int, ...] = (0, 1)  # distillation seeds per model: the interval covers seed variation
     methods: tuple[str, ...] | None = None  # None: autocompress, minitron and (Llama family) puzzletron
-    minitron: MinitronSpec = field(default_factory=MinitronSpec)
+    minitron: MinitronSpec = field(default_factory=MinitronSpec.tuned)  # tuned with ModelOpt's own knobs
+    minitron_default: MinitronSpec = field(default_factory=MinitronSpec)  # ModelOpt's defaults (widened only if nothing fits)
     puzzletron: PuzzletronSpec = field(default_factory=PuzzletronSpec)
     homogeneous: NaiveSpec = field(default_factory=NaiveSpec)
     greedy: NaiveSpec = field(default_factory=NaiveSpec)

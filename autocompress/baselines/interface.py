@@ -192,6 +192,7 @@ class Baseline:
 
 BASELINES: dict[str, Baseline] = {
     "minitron": Baseline(minitron_pick, "Minitron", llama_only=False, probes=True, key=minitron_key),
+    "minitron_default": Baseline(minitron_pick, "Minitron (ModelOpt defaults)", llama_only=False, probes=True, key=minitron_key),
     "puzzletron": Baseline(puzzletron_pick, "Puzzletron"),
     "homogeneous": Baseline(homogeneous_pick, "homogeneous"),
     "greedy": Baseline(greedy_pick, "greedy"),

@@ -75,7 +75,17 @@ class MinitronSpec:
 
     @property
     def label(self) -> str:
-        return "homogeneous, mean-pooled KV (ablation)" if self.prune_kv_groups else "Minitron (ModelOpt mcore_minitron)"
+        if self.prune_kv_groups:
+            return "homogeneous, mean-pooled KV (ablation)"
+        tuned = [*(["every limit pair scored"] if self.widen_all else []), *(["any layer count"] if self.layers_divisor == 1 else [])]
+        return f"Minitron (ModelOpt mcore_minitron{', tuned: ' + ', '.join(tuned) if tuned else ''})"
+
+    @classmethod
+    def tuned(cls) -> MinitronSpec:
+        """As a careful user of ModelOpt tunes it with its own knobs (issue 43): the top-k of every limit pair up to
+        0.9 / 0.9 scored on the selection split, the best kept; any layer count (num_layers_divisor 1; hybrid-MoE
+        runs keep ModelOpt's 2). compare's `minitron`; ModelOpt's defaults are `minitron_default`."""
+        return cls(widen_all=True, layers_divisor=1)
 
 
 # --------------------------------------------------------------------------- candidates
