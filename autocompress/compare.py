@@ -499,10 +499,10 @@ def run_compare(job: CompareJob, config_yaml: str = "") -> Path:
     load_run(run_dir)  # a finished sweep run, or one clear error before anything is written (no stray compare/ folder)
     out = Path(job.compare.out or run_dir / "compare").resolve()
     check_writable(out, "compare.out")
+    start = time.time()
+    ctx = build_context(job, run_dir)  # refusals (scenario, trial, cost model) come before the output folder exists
     out.mkdir(parents=True, exist_ok=True)
     stages = Stages(out)
-    start = time.time()
-    ctx = build_context(job, run_dir)
     probe = job.compare.probe.resolved(ctx.hybrid)  # the default: on for a Llama-family run, off for a hybrid-MoE one
     methods = job.compare.resolved_methods(ctx.hybrid)
     job = dataclasses.replace(job, compare=dataclasses.replace(job.compare, probe=probe, methods=methods))

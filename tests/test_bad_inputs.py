@@ -406,3 +406,22 @@ def test_a_relative_bound_on_a_base_cost_of_zero_names_the_hardware() -> None:
         ConfigError, match=r"base model's predicted throughput_tok_s is 0 \(no sequence of the workload fits: check hardware"
     ):
         Constraint("throughput_tok_s", 0.5, relative=True).resolve({"throughput_tok_s": 0.0})
+
+
+def test_compare_of_another_scenarios_run_leaves_no_output_folder(
+    finished_run: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """build_context's refusals (another scenario's run, no feasible trial, another cost model) come before compare.out exists."""
+    import autocompress.model.base as base
+
+    def reached(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("compare loaded a model before refusing the run")
+
+    monkeypatch.setattr(base, "load_base_model", reached)
+    out = tmp_path / "cmp"
+    argv = ["+scenario=h100_batched", "model=tiny_llama", f"compare.run={finished_run}", f"compare.out={out}"]
+    code = _hydra("compare", argv, monkeypatch)
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "is a run of scenario 'cpu_interactive', not 'h100_batched'" in errors[0], err
+    assert not out.exists() and "Traceback" not in err

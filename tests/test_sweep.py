@@ -109,8 +109,8 @@ def test_a_run_that_fails_before_it_starts_leaves_no_folder(tmp_path: Path) -> N
     args = ["+scenario=cpu_interactive", *TINY_CPU, f"results.dir={tmp_path}", "results.run_id=again"]
     out = run_cli("autocompress.sweep", *args, "scenario.constraints.tpot_ms=0.01x", timeout=180)  # refused in prepare, after the claim
     assert out.returncode == 2 and "cannot be met" in out.stderr, out.stderr[-2000:]
-    assert not (tmp_path / "cpu_interactive" / "again").exists()
-    (tmp_path / "cpu_interactive" / "again").mkdir()  # another sweep holds the claim: refused at once, its folder untouched
+    assert not (tmp_path / "cpu_interactive").exists()  # nor its scenario folder, which held nothing else
+    (tmp_path / "cpu_interactive" / "again").mkdir(parents=True)  # another sweep holds the claim: refused at once, its folder untouched
     out = run_cli("autocompress.sweep", *args, timeout=180)
     assert out.returncode == 2 and "another sweep is starting it" in out.stderr and (tmp_path / "cpu_interactive" / "again").is_dir()
 

@@ -3,6 +3,7 @@ the driver that starts or resumes a run."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import itertools
@@ -372,6 +373,8 @@ def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -
         except BaseException:
             if not (run.path / RUN_CONFIG).exists():  # claimed, never started: a corrected rerun may take the id
                 shutil.rmtree(run.path, ignore_errors=True)
+                with contextlib.suppress(OSError):  # <results.dir>/<scenario>/ too, when this run was all it held
+                    run.path.parent.rmdir()
             raise
     else:
         try:
