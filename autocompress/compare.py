@@ -270,6 +270,24 @@ def cost_model_choice(configured: str, judged_by: str) -> str:
     return "analytic" if configured == "auto" and judged_by.startswith("analytic/") else configured
 
 
+def _splits(job: CompareJob) -> tuple[str, ...]:
+    """The token splits compare reads: the held-out test split only when compare.test_split asks (the headline)."""
+    from autocompress.model.data import SPLITS, TEST
+
+    return (*SPLITS, TEST) if job.compare.test_split else tuple(SPLITS)
+
+
+def test_stage(ctx: Context, path: str | Path | None, out: Path) -> None:
+    """Test-split KL to the unpruned model and perplexity of a checkpoint (None: the unpruned model) (compare.test_split)."""
+    from autocompress.model.checkpoint import load_checkpoint
+    from autocompress.quality.distillation import heldout_scores
+
+    assert ctx.data.test is not None  # loaded by _splits
+    student = ctx.model if path is None else load_checkpoint(path, ctx.spec.model).model
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(heldout_scores(student, ctx.model, ctx.data.test), out)
+
+
 def build_context(job: CompareJob, run_dir: Path) -> Context:
     """Base model, space, the run's cost model and absolute constraints, calibration tokens."""
     from autocompress.arch.space import Architecture, SearchSpace
@@ -293,7 +311,7 @@ def build_context(job: CompareJob, run_dir: Path) -> Context:
             f"rerun the sweep, or pin the cost model with cost_model=PATH"
         )
     constraints = tuple(Constraint(c.metric, c.value) for c in run.constraints.values())
-    data = load_token_data(spec.data, base.tokenizer)
+    data = load_token_data(spec.data, base.tokenizer, splits=_splits(job))
     return Context(run, spec, row, base.model, base.tokenizer, space, cost_model, constraints, data, base_arch=space.base)
 
 
@@ -336,7 +354,7 @@ def hybrid_context(job: CompareJob, run: Any, spec: RunSpec, row: dict[str, Any]
                 f"{float(row[metric]):.6g}: the cost model changed since the sweep; rerun the sweep"
             )
     constraints = tuple(Constraint(c.metric, c.value) for c in run.constraints.values())
-    data = load_token_data(spec.data, tokenizer)
+    data = load_token_data(spec.data, tokenizer, splits=_splits(job))
     base_arch = cost_model.arch(MoEShape.of(model.config))
     return Context(
         run,
@@ -486,10 +504,30 @@ def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stag
             key = {**ekey, **dkey, "student": m.arch.to_json()}
             stages.run(f"{m.name}/eval-seed{seed}", key, evaluated, partial(evaluate_stage, job, ctx, target, evaluated))
             m.results.append(read_result(evaluated))
+            if job.compare.test_split:
+                tested = out / m.name / f"test-seed{seed}.json"
+                tkey = {**dkey, "student": m.arch.to_json(), "test": _test_key(ctx)}
+                stages.run(f"{m.name}/test-seed{seed}", tkey, tested, partial(test_stage, ctx, target, tested))
+                m.test.append(json.loads(tested.read_text()))
     base_eval = Path(spec.results_dir).resolve() / "evaluate" / f"base-{spec.model.name}-{_hash(ekey)}"
     stages.run("base/eval", ekey, base_eval, partial(evaluate_stage, job, ctx, ctx.base_path, base_eval), shared=True)
     base_arch = ctx.base_arch
-    return Model("base", base_arch, ctx.cost_model.predict(base_arch), 0.0, label="unpruned", results=[read_result(base_eval)])
+    base = Model("base", base_arch, ctx.cost_model.predict(base_arch), 0.0, label="unpruned", results=[read_result(base_eval)])
+    if job.compare.test_split:
+        tested = out / "base" / "test.json"
+        stages.run(
+            "base/test",
+            {"teacher": dataclasses.asdict(spec.model), "test": _test_key(ctx)},
+            tested,
+            partial(test_stage, ctx, None, tested),
+        )
+        base.test.append(json.loads(tested.read_text()))
+    return base
+
+
+def _test_key(ctx: Context) -> dict[str, Any]:
+    """What a test-split score depends on besides the model: the data settings and the split's documents."""
+    return {"data": dataclasses.asdict(ctx.spec.data), "documents": ctx.data.documents.get("test", [])}
 
 
 def run_compare(job: CompareJob, config_yaml: str = "") -> Path:
@@ -538,7 +576,7 @@ def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model],
     for name, m in others.items():
         done = json.loads((out / name / f"{name}.json").read_text())
         recorded = {k: done[k] for k in RECORDED if k in done}
-        baselines[name] = {"params": m.arch.num_params(), "average": 100 * m.score("average"), **recorded}
+        baselines[name] = {"params": m.arch.num_params(), "average": 100 * m.score("average"), **recorded, **_test_means(m)}
     write_json(
         {
             "scenario": ctx.spec.scenario.name,
@@ -547,6 +585,7 @@ def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model],
                 "params": ac.arch.num_params(),
                 "average": 100 * ac.score("average"),
                 "origin": None if pd.isna(ctx.row.get("origin")) else str(ctx.row.get("origin")),
+                **_test_means(ac),
             },
             **baselines,
             "methods": list(job.compare.methods or ()),
@@ -566,6 +605,11 @@ def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model],
     print(text)
     print("seconds per stage: " + ", ".join(f"{k} {v if isinstance(v, str) else f'{v:.0f}'}" for k, v in timings.items()))
     print(f"\ntable: {out / 'compare.md'} (data: {out / 'compare.parquet'}, {out / 'diff.parquet'})")
+
+
+def _test_means(m: Model) -> dict[str, float]:
+    """compare.test_split's scores, means over the distillation seeds (none when it is off)."""
+    return {"test_kl": m.test_mean("kl"), "test_perplexity": m.test_mean("perplexity")} if m.test else {}
 
 
 def _probe_summary(job: CompareJob, out: Path) -> dict[str, Any] | None:

@@ -227,13 +227,17 @@ def test_compare_runs_every_stage_and_reuses_them(
     probe = ["compare.probe.candidates=3", "compare.probe.tokens=256"]  # pick after a short distillation, both alike
     other = job_from_dict(compose_dict(*overrides, *small, *probe, f"compare.out={tmp_path / 'other'}"))
     run_compare(other)  # another run (another scenario's, say) reuses the unpruned model's scores
-    only = job_from_dict(
-        compose_dict(*overrides, *small, "compare.methods=[autocompress,puzzletron,greedy]", f"compare.out={tmp_path / 'pz'}")
-    )
+    assert "test_kl" not in summary["autocompress"] and "test_kl" not in frame  # the test split is the headline's alone
+    methods = ["compare.methods=[autocompress,puzzletron,greedy]", "compare.test_split=true"]
+    only = job_from_dict(compose_dict(*overrides, *small, *methods, f"compare.out={tmp_path / 'pz'}"))
     run_compare(only)  # a method list without Minitron: neither its stage nor its rows
     assert not (tmp_path / "pz" / "minitron").exists()
-    assert list(pd.read_parquet(tmp_path / "pz" / "compare.parquet")["model"]) == ["base", "autocompress", "puzzletron", "greedy"]
+    tested = pd.read_parquet(tmp_path / "pz" / "compare.parquet").set_index("model")
+    assert list(tested.index) == ["base", "autocompress", "puzzletron", "greedy"]
+    assert tested.loc["base", "test_kl"] == pytest.approx(0, abs=1e-6) and (tested["test_kl"].iloc[1:] > 0).all()
+    assert (tested["test_ppl"] > 1).all()
     summary = json.loads((tmp_path / "pz" / "compare.json").read_text())
+    assert summary["greedy"]["test_kl"] == pytest.approx(tested.loc["greedy", "test_kl"]) and summary["autocompress"]["test_perplexity"] > 1
     assert summary["diff"]["vs"] == "puzzletron" and set(summary["diff_vs"]) == {"puzzletron", "greedy"}
     assert summary["greedy"]["label"] == "greedy sublayer removal" and summary["greedy"]["hidden_size"] == 64
     seconds = json.loads((tmp_path / "other" / "compare.json").read_text())["seconds"]

@@ -45,6 +45,7 @@ class CompareSpec:
     homogeneous: NaiveSpec = field(default_factory=NaiveSpec)
     greedy: NaiveSpec = field(default_factory=NaiveSpec)
     probe: ProbeSpec = field(default_factory=ProbeSpec)  # pick each method's final candidate after a short distillation
+    test_split: bool = False  # the held-out test split (data.test_share): KL and perplexity of every distilled model (the headline's)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
@@ -168,6 +169,10 @@ class Model:
     distill: list[dict[str, Any]] = field(default_factory=list)  # distill.json per seed
     results: list[EvalResult] = field(default_factory=list)  # evaluation per seed (one for the unpruned model)
     measured: dict[str, float] = field(default_factory=dict)
+    test: list[dict[str, float]] = field(default_factory=list)  # test-split KL and perplexity per seed (compare.test_split)
+
+    def test_mean(self, key: str) -> float:
+        return float(np.mean([t[key] for t in self.test])) if self.test else float("nan")
 
     def score(self, task: str, metric: str | None = None) -> float:
         """Mean over seeds."""
@@ -190,6 +195,8 @@ def model_row(m: Model, constraints: tuple[Constraint, ...]) -> dict[str, Any]:
         row[task] = 100 * m.score(task)
     row["lambada_ppl"] = m.score("lambada_openai", "perplexity")
     row["corpus_ppl"] = m.score("corpus", "perplexity")
+    if m.test:
+        row["test_kl"], row["test_ppl"] = m.test_mean("kl"), m.test_mean("perplexity")
     return row
 
 

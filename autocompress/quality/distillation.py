@@ -129,6 +129,19 @@ def heldout_kl(student: Any, teacher: Any, tokens: torch.Tensor, batch_size: int
     return total / tokens.numel()
 
 
+@torch.no_grad()
+def heldout_scores(student: Any, teacher: Any, tokens: torch.Tensor, batch_size: int = 4) -> dict[str, float]:
+    """KL(teacher || student) per token and the student's perplexity (next-token NLL) on `tokens` [n, s]."""
+    kl, nll, n_nll = 0.0, 0.0, 0
+    for start in range(0, len(tokens), batch_size):
+        ids = tokens[start : start + batch_size]
+        logits = forward(student, ids)[1].float()
+        kl += float(kl_loss(logits, forward(teacher, ids)[1])) * ids.numel()
+        nll -= float(torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None]).sum())
+        n_nll += ids[:, 1:].numel()
+    return {"kl": kl / tokens.numel(), "perplexity": math.exp(nll / n_nll), "tokens": int(tokens.numel())}
+
+
 def lr_factor(step: int, spec: DistillSpec) -> float:
     """Linear warm-up to 1, then cosine decay to min_lr_ratio at the last step."""
     if step < spec.warmup_steps:
