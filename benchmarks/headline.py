@@ -1,0 +1,163 @@
+"""The headline (issue 43): every method in every scenario from one frozen protocol file, at one recorded commit.
+
+For each scenario of benchmarks/headline.yaml: the sweep (`python -m autocompress.sweep`, reused when its run is
+finished, resumed when it was interrupted), then `python -m autocompress.compare` on it with the protocol's methods,
+seeds, held-out test split and unseen benchmark items; each step is the CLI a user runs, in a subprocess. Then
+`benchmarks/results/headline/<scenario>.json`: the commit, the items (which subsets were left out, which tasks are
+reported apart and why), the seeds, per method its parameters, benchmark average, test-split KL and perplexity after
+distillation and its budget (seconds to its pick), and AutoCompress minus each method with its 95% interval (a
+bootstrap over items and seeds).
+
+Run it from a separate `git worktree` at the commit to report, so other work cannot change it midway; it refuses a
+tree with uncommitted changes (the commit would not be what ran). The long runs are resumable: rerun the same command.
+
+    git worktree add ../headline HEAD && cd ../headline
+    PYTHONPATH=$PWD ../main/.venv/bin/python benchmarks/headline.py --scenario rtx5070_coding
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from autocompress.config import cpuinfo
+
+ROOT = Path(__file__).resolve().parents[1]
+PROTOCOL = ROOT / "benchmarks" / "headline.yaml"
+RUN_ID = "headline"
+MEASURES = ("average", "test_kl", "test_ppl")  # the three ways quality is reported (issue 43 item 4)
+
+
+def protocol(path: Path) -> dict[str, Any]:
+    """The protocol file, checked: scenarios, overrides, compare (lists of Hydra overrides), apart (task -> why)."""
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict) or not data.get("scenarios"):
+        raise SystemExit(f"error: {path} names no scenarios; it needs scenarios, overrides, compare and apart")
+    for key in ("overrides", "compare"):
+        if not isinstance(data.get(key, []), list):
+            raise SystemExit(f"error: {path}: {key} must be a list of Hydra overrides")
+    apart = data.get("apart") or {}
+    tasks = next((o.split("=", 1)[1] for o in data["compare"] if o.startswith("evaluate.tasks=")), "")
+    for task in apart:
+        if task in tasks.strip("[]").split(","):
+            raise SystemExit(f"error: {path}: {task} is both in evaluate.tasks and reported apart; drop it from one")
+    return {"overrides": [], "compare": [], **data, "apart": apart}
+
+
+def commit(allow_dirty: bool) -> str:
+    """The commit the code runs at; refused when tracked files differ from it (what ran would not be that commit)."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True).stdout
+    if dirty.strip() and not allow_dirty:
+        raise SystemExit(f"error: {ROOT} has uncommitted changes; run the headline from a clean worktree (git worktree add)")
+    return head + ("-dirty" if dirty.strip() else "")
+
+
+def run(cmd: list[str], log: Path) -> float:
+    """`cmd` from the repository root, its output appended to `log`; seconds taken (stops the headline on failure)."""
+    start = time.time()
+    with log.open("a") as fh:
+        fh.write(f"\n$ {' '.join(cmd)}\n")
+        fh.flush()
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if proc.returncode:
+        raise SystemExit(f"error: failed ({proc.returncode}): {' '.join(cmd)}; see {log} (rerun to go on from the finished stages)")
+    return time.time() - start
+
+
+def sweep_state(run_dir: Path) -> str:
+    """complete, interrupted (resume it), or missing (start it)."""
+    meta = run_dir / "metadata.json"
+    if not meta.exists():
+        return "missing"
+    return "complete" if json.loads(meta.read_text()).get("status") == "complete" else "interrupted"
+
+
+def record(scenario: str, compare_dir: Path, proto: dict[str, Any], code: str, seconds: dict[str, float]) -> dict[str, Any]:
+    """The headline JSON of one scenario, from compare's outputs (compare.json, compare.parquet)."""
+    summary = json.loads((compare_dir / "compare.json").read_text())
+    frame = pd.read_parquet(compare_dir / "compare.parquet").set_index("model")
+    stage_seconds = summary.get("seconds", {})
+    methods: dict[str, Any] = {}
+    for name in summary["methods"]:
+        row = frame.loc[name]
+        pick = [k for k in stage_seconds if k.startswith(f"{name}/") and ("pruned" in k or "probe" in k)]
+        methods[name] = {
+            "params": int(row["params"]),
+            "average": float(row["average"]),
+            "test_kl": float(row["test_kl"]) if "test_kl" in row else None,
+            "test_ppl": float(row["test_ppl"]) if "test_ppl" in row else None,
+            "kl_pruned": float(row["kl_pruned"]),
+            "label": str(row["label"]),
+            "runner_up": None,  # not built yet: each method's runner-up by selection score, distilled and scored alike
+            "budget": {
+                "pick_seconds": {k: stage_seconds[k] for k in pick},  # "reused": made by an earlier run of this command
+                "selection_evaluations": None,  # not counted yet (issue 43 item 2)
+            },
+        }
+    if "autocompress" in methods:
+        methods["autocompress"]["budget"]["sweep_seconds"] = seconds.get("sweep", "reused")
+    base = frame.loc["base"]
+    return {
+        "scenario": scenario,
+        "code": code,
+        "protocol": proto,
+        "items": {"evaluate": summary["evaluate"], "apart": proto["apart"]},
+        "seeds": summary["seeds"],
+        "base": {"params": int(base["params"]), "average": float(base["average"]), "test_ppl": base.get("test_ppl")},
+        "methods": methods,
+        "diff": summary["diff_vs"],
+        "cpu": cpuinfo.identity(),
+        "date": time.strftime("%Y-%m-%d"),
+        "seconds": seconds,
+        "compare": str(compare_dir),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--protocol", default=str(PROTOCOL))
+    parser.add_argument("--scenario", action="append", help="repeatable; default: the protocol's scenarios")
+    parser.add_argument("--results-dir", default="benchmarks/out/headline", help="sweep runs and compare folders (large)")
+    parser.add_argument("--out", default="benchmarks/results/headline", help="the small JSON per scenario")
+    parser.add_argument("--allow-dirty", action="store_true", help="run with uncommitted changes (a trial run, never the headline)")
+    args = parser.parse_args(argv)
+    proto = protocol(Path(args.protocol))
+    unknown = [s for s in args.scenario or [] if s not in proto["scenarios"]]
+    if unknown:
+        raise SystemExit(f"error: --scenario {unknown[0]} is not in {args.protocol}; its scenarios: {', '.join(proto['scenarios'])}")
+    code = commit(args.allow_dirty)
+    results, out = (ROOT / args.results_dir).resolve(), ROOT / args.out
+    out.mkdir(parents=True, exist_ok=True)
+    py = sys.executable
+    for scenario in args.scenario or proto["scenarios"]:
+        log = results / f"{scenario}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        run_dir = results / scenario / RUN_ID
+        seconds: dict[str, float] = {}
+        common = [f"+scenario={scenario}", f"results.dir={results}", *proto["overrides"]]
+        state = sweep_state(run_dir)
+        if state != "complete":
+            extra = [f"resume={run_dir}"] if state == "interrupted" else [f"results.run_id={RUN_ID}"]
+            seconds["sweep"] = run([py, "-m", "autocompress.sweep", *common, *extra], log)
+        compare_dir = results / scenario / "compare"
+        cmd = [py, "-m", "autocompress.compare", *common, *proto["compare"], f"compare.run={run_dir}", f"compare.out={compare_dir}"]
+        seconds["compare"] = run(cmd, log)
+        result = record(scenario, compare_dir, proto, code, seconds)
+        (out / f"{scenario}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+        diffs = ", ".join(f"vs {m}: {d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]" for m, d in result["diff"].items())
+        print(f"{scenario}: AutoCompress minus each method, benchmark average (points): {diffs}", flush=True)
+    print(f"results: {out}; runs and logs: {results}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""benchmarks/headline.py: the frozen protocol file is checked, and a compare output becomes the headline's JSON."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pandas as pd
+import pytest
+
+from autocompress.baselines.comparison import job_from_dict
+from autocompress.config.compose import compose_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def headline() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("headline", ROOT / "benchmarks" / "headline.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_shipped_protocol_composes_for_every_scenario() -> None:
+    """Every scenario of benchmarks/headline.yaml takes its overrides: the methods, three seeds, the test split, and no
+    benchmark item of the subsets scored while defaults were chosen."""
+    from autocompress.quality.tasks import subset
+
+    hl = headline()
+    proto = hl.protocol(hl.PROTOCOL)
+    for scenario in proto["scenarios"]:
+        job = job_from_dict(compose_dict(f"+scenario={scenario}", *proto["overrides"], *proto["compare"]))
+        assert job.compare.methods == ("autocompress", "minitron", "minitron_default", "puzzletron")
+        assert len(job.compare.seeds) >= 3 and job.compare.test_split and job.spec.data.source == "jsonl"
+        assert not set(job.evaluate.names) & set(proto["apart"])
+    seen = set(subset(1172, 500, 0, "arc_challenge"))
+    assert not seen & set(subset(1172, 300, 1, "arc_challenge", ((50, 0), (200, 0), (500, 0))))
+
+
+def test_a_protocol_that_reports_a_task_twice_is_refused(tmp_path: Path) -> None:
+    hl = headline()
+    bad = tmp_path / "p.yaml"
+    bad.write_text("scenarios: [rtx5070_coding]\ncompare: ['evaluate.tasks=[piqa,openbookqa]']\napart: {openbookqa: seen}\n")
+    with pytest.raises(SystemExit, match=r"openbookqa is both in evaluate\.tasks and reported apart"):
+        hl.protocol(bad)
+    bad.write_text("overrides: []\n")
+    with pytest.raises(SystemExit, match="names no scenarios"):
+        hl.protocol(bad)
+
+
+def test_a_compare_output_becomes_the_headline_record(tmp_path: Path) -> None:
+    hl = headline()
+    rows = [
+        {"model": "base", "label": "unpruned", "params": 100, "average": 50.0, "kl_pruned": 0.0, "test_kl": 0.0, "test_ppl": 10.0},
+        {"model": "autocompress", "label": "t1", "params": 60, "average": 45.0, "kl_pruned": 1.2, "test_kl": 0.4, "test_ppl": 14.0},
+        {"model": "minitron", "label": "M", "params": 58, "average": 43.0, "kl_pruned": 1.9, "test_kl": 0.5, "test_ppl": 15.0},
+    ]
+    pd.DataFrame(rows).to_parquet(tmp_path / "compare.parquet")
+    summary = {
+        "methods": ["autocompress", "minitron"],
+        "seeds": [0, 1, 2],
+        "evaluate": {"limit": 300, "exclude": ["500:0"]},
+        "diff_vs": {"minitron": {"mean": 2.0, "low": 0.5, "high": 3.5}},
+        "seconds": {"minitron/pruned": 12.0, "autocompress/probe": "reused", "minitron/eval-seed0": 5.0},
+    }
+    (tmp_path / "compare.json").write_text(json.dumps(summary))
+    proto = {"scenarios": ["rtx5070_coding"], "overrides": [], "compare": [], "apart": {"openbookqa": "seen"}}
+    rec = hl.record("rtx5070_coding", tmp_path, proto, "abc123", {"compare": 60.0})
+    assert rec["code"] == "abc123" and rec["seeds"] == [0, 1, 2] and rec["items"]["apart"] == {"openbookqa": "seen"}
+    mt = rec["methods"]["minitron"]
+    assert (mt["params"], mt["average"], mt["test_kl"], mt["test_ppl"]) == (58, 43.0, 0.5, 15.0)
+    assert mt["budget"]["pick_seconds"] == {"minitron/pruned": 12.0}  # the pick, not its distillation or evaluation
+    assert rec["methods"]["autocompress"]["budget"]["sweep_seconds"] == "reused"
+    assert rec["diff"]["minitron"] == {"mean": 2.0, "low": 0.5, "high": 3.5}
