@@ -224,6 +224,7 @@ def _pick_context(job: CompareJob, ctx: Context, name: str, out: Path) -> Any:
         tokenizer=ctx.tokenizer,
         check_ids=ctx.data.report[:4],
         probe=probe,
+        runner_up=job.compare.runner_up,
     )
 
 
@@ -261,6 +262,16 @@ def baseline_stage(job: CompareJob, ctx: Context, name: str, out: Path) -> None:
         write_checkpoint(ctx.model, ctx.tokenizer, ctx.space, ranking, pick.arch, out / "pruned", report[:4], card)
     for table, frame in pick.tables.items():
         write_parquet(frame, out / f"{table}.parquet")
+    second = pick.runner_up
+    if second is not None:  # compare.runner_up: sliced, checked and recorded as the pick is
+        if second.ranking is None:
+            raise TypeError(f"baseline {name!r}: its runner-up has no ranking to slice by")
+        masked = MaskedModel(ctx.model, ctx.space, second.ranking)
+        kl2, ppl2 = evaluate(ctx.model, masked, second.arch, report, teacher_hidden(ctx.model, report, desc="teacher (report)"))
+        masked.remove()
+        summary["runner_up"] = second.summary() | {"kl_report": kl2, "perplexity_report": ppl2}
+        card2 = f"# {ctx.spec.model.name}, the {pick.label} baseline's runner-up for `{ctx.spec.scenario.name}`"
+        write_checkpoint(ctx.model, ctx.tokenizer, ctx.space, second.ranking, second.arch, out / "runner_up" / "pruned", report[:4], card2)
     write_json(summary, out / f"{name}.json")
 
 
@@ -463,11 +474,47 @@ def _baseline_model(job: CompareJob, ctx: Context, out: Path, stages: Stages, na
     key = {name: dataclasses.asdict(getattr(job.compare, name)), **(baseline.key() if baseline.key else {}), **_pick_inputs(ctx)}
     if baseline.probes and job.compare.probe.on:  # without it, keys made before the probe still match
         key["probe"] = _probe_inputs(job, ctx)
+    if job.compare.runner_up:
+        key["runner_up"] = True
     stages.run(f"{name}/pruned", key, out / name / "pruned", partial(baseline_stage, job, ctx, name, out / name))
     done = json.loads((out / name / f"{name}.json").read_text())
     arch = _arch(ctx, done["architecture"])
     label = done.get("table_label", done["label"])
     return Model(name, arch, ctx.cost_model.predict(arch), float(done["kl_report"]), label=label)
+
+
+def _runner_ups(job: CompareJob, ctx: Context, out: Path, stages: Stages, models: list[Model]) -> list[Model]:
+    """compare.runner_up: each method's second by its own selection score, through the same slicing (made with its pick)."""
+    from autocompress.checkpoints.pipeline import ExportRequest, export
+
+    seconds = []
+    for m in models:
+        if m.name == "autocompress":
+            probed = out / "autocompress" / "probe.json"
+            if job.compare.probe.on and job.compare.trial is None:  # the probe's second
+                rows = sorted(json.loads(probed.read_text())["candidates"], key=lambda r: r["kl_select_probe"])
+                trial = rows[1]["candidate"] if len(rows) > 1 else None
+            else:  # the second trial by selection-split KL (one per architecture)
+                top = top_trials(ctx.run.trials, 2)
+                trial = next((t for t in top["trial_id"] if t != ctx.row["trial_id"]), None)
+            if trial is None:
+                log("compare.runner_up: AutoCompress has no second candidate; none distilled")
+                continue
+            row = dict(ctx.run.trials.set_index("trial_id", drop=False).loc[trial])
+            request = ExportRequest(ctx.run.path / RUN_TRIALS, out / "autocompress" / "runner_up" / "pruned", trial=trial, overwrite=True)
+            key = {"trial": trial, "architecture": row["architecture"]}
+            stages.run("autocompress/runner_up/pruned", key, request.out, partial(export, request))
+            arch = _arch(ctx, row["architecture"])
+            seconds.append(Model("autocompress/runner_up", arch, ctx.cost_model.predict(arch), float(row["kl"]), label=str(trial)))
+            continue
+        done = json.loads((out / m.name / f"{m.name}.json").read_text()).get("runner_up")
+        if done is None:
+            log(f"compare.runner_up: {m.name} has no second candidate; none distilled")
+            continue
+        arch = _arch(ctx, done["architecture"])
+        label = done.get("table_label", done["label"])
+        seconds.append(Model(f"{m.name}/runner_up", arch, ctx.cost_model.predict(arch), float(done["kl_report"]), label=label))
+    return seconds
 
 
 def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Model]:
@@ -546,16 +593,20 @@ def run_compare(job: CompareJob, config_yaml: str = "") -> Path:
     job = dataclasses.replace(job, compare=dataclasses.replace(job.compare, probe=probe, methods=methods))
     timings["prepare"] = time.time() - start
     models = _models(job, ctx, out, stages)
-    base = _distill_and_evaluate(job, ctx, out, stages, models)
+    seconds = _runner_ups(job, ctx, out, stages, models) if job.compare.runner_up else []
+    base = _distill_and_evaluate(job, ctx, out, stages, [*models, *seconds])
     note = measure_costs(job, ctx, [base, *models], out, stages)
     timings |= stages.seconds
-    write_outputs(job, ctx, out, [base, *models], note, timings)
+    write_outputs(job, ctx, out, [base, *models], note, timings, seconds)
     return out
 
 
-def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model], note: str, timings: dict[str, Any]) -> None:
-
-    frame = pd.DataFrame([model_row(m, ctx.constraints) for m in models])
+def write_outputs(
+    job: CompareJob, ctx: Context, out: Path, models: list[Model], note: str, timings: dict[str, Any], seconds: list[Model] | None = None
+) -> None:
+    """compare.parquet (one row per model, runner-ups included), diffs, compare.md and compare.json."""
+    seconds = seconds or []
+    frame = pd.DataFrame([model_row(m, ctx.constraints) for m in [*models, *seconds]])
     ac, others = models[1], {m.name: m for m in models[2:]}
     diffs = {
         name: paired_bootstrap([r.items for r in ac.results], [r.items for r in m.results], job.compare.bootstrap, job.compare.seed)
@@ -577,6 +628,10 @@ def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model],
         done = json.loads((out / name / f"{name}.json").read_text())
         recorded = {k: done[k] for k in RECORDED if k in done}
         baselines[name] = {"params": m.arch.num_params(), "average": 100 * m.score("average"), **recorded, **_test_means(m)}
+    runner_ups = {m.name.split("/")[0]: _runner_up_entry(m) for m in seconds}
+    for name, entry in runner_ups.items():
+        if name in baselines:
+            baselines[name]["runner_up"] = entry
     write_json(
         {
             "scenario": ctx.spec.scenario.name,
@@ -586,6 +641,7 @@ def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model],
                 "average": 100 * ac.score("average"),
                 "origin": None if pd.isna(ctx.row.get("origin")) else str(ctx.row.get("origin")),
                 **_test_means(ac),
+                **({"runner_up": runner_ups["autocompress"]} if "autocompress" in runner_ups else {}),
             },
             **baselines,
             "methods": list(job.compare.methods or ()),
@@ -605,6 +661,11 @@ def write_outputs(job: CompareJob, ctx: Context, out: Path, models: list[Model],
     print(text)
     print("seconds per stage: " + ", ".join(f"{k} {v if isinstance(v, str) else f'{v:.0f}'}" for k, v in timings.items()))
     print(f"\ntable: {out / 'compare.md'} (data: {out / 'compare.parquet'}, {out / 'diff.parquet'})")
+
+
+def _runner_up_entry(m: Model) -> dict[str, Any]:
+    """What compare.json keeps of a runner-up: its label, size, benchmark average and test-split scores."""
+    return {"label": m.label, "params": m.arch.num_params(), "average": 100 * m.score("average"), "kl_pruned": m.kl, **_test_means(m)}
 
 
 def _test_means(m: Model) -> dict[str, float]:

@@ -5,7 +5,8 @@ finished, resumed when it was interrupted), then `python -m autocompress.compare
 seeds, held-out test split and unseen benchmark items; each step is the CLI a user runs, in a subprocess. Then
 `benchmarks/results/headline/<scenario>.json`: the commit, the items (which subsets were left out, which tasks are
 reported apart and why), the seeds, per method its parameters, benchmark average, test-split KL and perplexity after
-distillation and its budget (seconds to its pick), and AutoCompress minus each method with its 95% interval (a
+distillation, its runner-up by its own selection score (distilled and scored alike: pick noise) and its
+budget (seconds to its pick), and AutoCompress minus each method with its 95% interval (a
 bootstrap over items and seeds).
 
 Run it from a separate `git worktree` at the commit to report, so other work cannot change it midway; it refuses a
@@ -82,6 +83,15 @@ def sweep_state(run_dir: Path) -> str:
     return "complete" if json.loads(meta.read_text()).get("status") == "complete" else "interrupted"
 
 
+def _runner_up(frame: pd.DataFrame, key: str) -> dict[str, Any] | None:
+    """The runner-up's row of compare.parquet in the headline's fields (None where the method had no second candidate)."""
+    if key not in frame.index:
+        return None
+    row = frame.loc[key]
+    fields = {"params": int(row["params"]), "average": float(row["average"]), "label": str(row["label"])}
+    return fields | {k: float(row[k]) for k in ("test_kl", "test_ppl", "kl_pruned") if k in row}
+
+
 def record(scenario: str, compare_dir: Path, proto: dict[str, Any], code: str, seconds: dict[str, float]) -> dict[str, Any]:
     """The headline JSON of one scenario, from compare's outputs (compare.json, compare.parquet)."""
     summary = json.loads((compare_dir / "compare.json").read_text())
@@ -98,7 +108,7 @@ def record(scenario: str, compare_dir: Path, proto: dict[str, Any], code: str, s
             "test_ppl": float(row["test_ppl"]) if "test_ppl" in row else None,
             "kl_pruned": float(row["kl_pruned"]),
             "label": str(row["label"]),
-            "runner_up": None,  # not built yet: each method's runner-up by selection score, distilled and scored alike
+            "runner_up": _runner_up(frame, f"{name}/runner_up"),  # by the method's own selection score (compare.runner_up)
             "budget": {
                 "pick_seconds": {k: stage_seconds[k] for k in pick},  # "reused": made by an earlier run of this command
                 "selection_evaluations": None,  # not counted yet (issue 43 item 2)

@@ -225,7 +225,7 @@ def test_compare_runs_every_stage_and_reuses_them(
     seconds = json.loads((out / "compare.json").read_text())["seconds"]
     assert all(seconds[s] == "reused" for s in seconds if "/" in s), seconds
     probe = ["compare.probe.candidates=3", "compare.probe.tokens=256"]  # pick after a short distillation, both alike
-    other = job_from_dict(compose_dict(*overrides, *small, *probe, f"compare.out={tmp_path / 'other'}"))
+    other = job_from_dict(compose_dict(*overrides, *small, *probe, "compare.runner_up=true", f"compare.out={tmp_path / 'other'}"))
     run_compare(other)  # another run (another scenario's, say) reuses the unpruned model's scores
     assert "test_kl" not in summary["autocompress"] and "test_kl" not in frame  # the test split is the headline's alone
     methods = ["compare.methods=[autocompress,puzzletron,greedy]", "compare.test_split=true"]
@@ -243,6 +243,26 @@ def test_compare_runs_every_stage_and_reuses_them(
     seconds = json.loads((tmp_path / "other" / "compare.json").read_text())["seconds"]
     assert seconds["base/eval"] == "reused" and seconds["autocompress/eval-seed0"] != "reused", seconds
     check_probe(tmp_path / "other", pd.read_parquet(run / "trials.parquet"))
+    check_runner_ups(tmp_path / "other")
+
+
+def check_runner_ups(out: Path) -> None:
+    """compare.runner_up: each method's second by its own selection score, distilled and scored as its pick is."""
+    summary = json.loads((out / "compare.json").read_text())
+    frame = pd.read_parquet(out / "compare.parquet").set_index("model")
+    ac = summary["autocompress"]
+    probed = sorted(summary["probe"]["autocompress"], key=lambda r: r["kl_select_probe"])
+    assert ac["runner_up"]["label"] == probed[1]["candidate"] != ac["trial"]  # the probe's second
+    mt = pd.read_parquet(out / "minitron" / "candidates.parquet")
+    second = mt[~mt["chosen"] & mt["kl_select_probe"].notna()].sort_values("kl_select_probe").iloc[0]
+    picked = json.loads((out / "minitron" / "minitron.json").read_text())
+    assert picked["runner_up"]["architecture"] == second["architecture"] != picked["architecture"]
+    pz = json.loads((out / "puzzletron" / "puzzletron.json").read_text())
+    assert pz["runner_up"]["architecture"] != pz["architecture"] and pz["runner_up"]["kl_select"] >= pz["kl_select"] - 1e-9
+    for name in ("autocompress", "minitron", "puzzletron"):
+        assert frame.loc[f"{name}/runner_up", "seeds"] == 2 and summary[name]["runner_up"]["params"] > 0
+        assert (out / name / "runner_up" / "distilled-seed1" / "distill.json").exists()
+    assert list(summary["diff_vs"]) == ["minitron", "puzzletron"]  # runner-ups are shown, not compared
 
 
 def check_probe(out: Path, trials: pd.DataFrame) -> None:

@@ -34,7 +34,7 @@ def test_the_shipped_protocol_composes_for_every_scenario() -> None:
     for scenario in proto["scenarios"]:
         job = job_from_dict(compose_dict(f"+scenario={scenario}", *proto["overrides"], *proto["compare"]))
         assert job.compare.methods == ("autocompress", "minitron", "minitron_default", "puzzletron")
-        assert len(job.compare.seeds) >= 3 and job.compare.test_split and job.spec.data.source == "jsonl"
+        assert len(job.compare.seeds) >= 3 and job.compare.test_split and job.compare.runner_up and job.spec.data.source == "jsonl"
         assert not set(job.evaluate.names) & set(proto["apart"])
     seen = set(subset(1172, 500, 0, "arc_challenge"))
     assert not seen & set(subset(1172, 300, 1, "arc_challenge", ((50, 0), (200, 0), (500, 0))))
@@ -57,6 +57,7 @@ def test_a_compare_output_becomes_the_headline_record(tmp_path: Path) -> None:
         {"model": "base", "label": "unpruned", "params": 100, "average": 50.0, "kl_pruned": 0.0, "test_kl": 0.0, "test_ppl": 10.0},
         {"model": "autocompress", "label": "t1", "params": 60, "average": 45.0, "kl_pruned": 1.2, "test_kl": 0.4, "test_ppl": 14.0},
         {"model": "minitron", "label": "M", "params": 58, "average": 43.0, "kl_pruned": 1.9, "test_kl": 0.5, "test_ppl": 15.0},
+        {"model": "minitron/runner_up", "label": "M2", "params": 57, "average": 44.0, "kl_pruned": 2.0, "test_kl": 0.6, "test_ppl": 16.0},
     ]
     pd.DataFrame(rows).to_parquet(tmp_path / "compare.parquet")
     summary = {
@@ -75,3 +76,4 @@ def test_a_compare_output_becomes_the_headline_record(tmp_path: Path) -> None:
     assert mt["budget"]["pick_seconds"] == {"minitron/pruned": 12.0}  # the pick, not its distillation or evaluation
     assert rec["methods"]["autocompress"]["budget"]["sweep_seconds"] == "reused"
     assert rec["diff"]["minitron"] == {"mean": 2.0, "low": 0.5, "high": 3.5}
+    assert mt["runner_up"]["average"] == 44.0 and mt["runner_up"]["label"] == "M2" and rec["methods"]["autocompress"]["runner_up"] is None

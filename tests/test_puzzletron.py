@@ -42,6 +42,9 @@ def test_mip_equals_brute_force(seed: int) -> None:
     assert value == pytest.approx(expect_value, abs=1e-9)
     assert choice[0] != 3
     assert all(sum(b.stat[i, c] for i, c in enumerate(choice)) <= b.budget + 1e-9 for b in bounds)
+    second, second_value = solve(program, exclude=(tuple(choice),))  # the runner-up: the best other choice
+    assert second != choice and second_value >= value - 1e-9
+    assert second_value == pytest.approx(brute_force(program, exclude=(tuple(choice),))[1], abs=1e-9)
 
 
 def test_mip_reports_no_solution() -> None:

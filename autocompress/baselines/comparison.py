@@ -46,6 +46,7 @@ class CompareSpec:
     greedy: NaiveSpec = field(default_factory=NaiveSpec)
     probe: ProbeSpec = field(default_factory=ProbeSpec)  # pick each method's final candidate after a short distillation
     test_split: bool = False  # the held-out test split (data.test_share): KL and perplexity of every distilled model (the headline's)
+    runner_up: bool = False  # each method's runner-up by its own selection score, distilled and scored alike (pick noise; the headline's)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))

@@ -52,6 +52,7 @@ class PickContext:
     tokenizer: Any = None  # saved with a checkpoint a pick writes itself
     check_ids: torch.Tensor | None = None  # tokens a written checkpoint is verified on (compare: 4 report-split sequences)
     probe: Probe | None = None  # compare.probe when it is on (only baselines registered with `probes` get it)
+    runner_up: bool = False  # also return the runner-up by the same selection score (compare.runner_up: pick noise)
 
     def teacher(self) -> torch.Tensor:
         if self.teacher_select is None:
@@ -75,6 +76,7 @@ class Pick:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # written beside the checkpoint as <name>.parquet
     write: Callable[[Path, str], object] | None = None  # writes the checkpoint with a card; None: the teacher sliced by `ranking`
     report: Callable[[torch.Tensor], tuple[float, float]] | None = None  # KL to the teacher, perplexity; None: the masked model's
+    runner_up: Pick | None = None  # the second by the same selection score (when the context asks; None where there is none)
 
     def summary(self) -> dict[str, Any]:
         shape = self.shape
@@ -103,11 +105,14 @@ def puzzletron_pick(ctx: PickContext, settings: Any) -> Pick:
     from autocompress.baselines import puzzletron
 
     res = puzzletron.search(
-        ctx.model, ctx.space, ctx.cost_model, ctx.constraints, ctx.calib, ctx.select, ctx.teacher(), settings, ctx.progress
+        ctx.model, ctx.space, ctx.cost_model, ctx.constraints, ctx.calib, ctx.select, ctx.teacher(), settings, ctx.progress, ctx.runner_up
     )
     solves = [{"overshoot": s["overshoot"], "budgets": s["budgets"], "costs": s["costs"]} for s in res.solves]
     notes = {"blocks": res.shape(), "solves": solves, "library": len(res.blocks), "costs": res.costs}
-    return Pick(res.arch, res.ranking, puzzletron.LABEL, res.kl_select, asdict(settings), notes)
+    second = None
+    if res.runner_up is not None:  # the MIP's best other choice
+        second = Pick(res.runner_up, res.ranking, f"{puzzletron.LABEL}, runner-up", res.runner_up_kl_select, asdict(settings))
+    return Pick(res.arch, res.ranking, puzzletron.LABEL, res.kl_select, asdict(settings), notes, runner_up=second)
 
 
 @dataclass(frozen=True)
@@ -140,9 +145,12 @@ def homogeneous_pick(ctx: PickContext, settings: NaiveSpec) -> Pick:
     archs = homogeneous_full_kv(ctx.space, imp.drop_order(), ctx.cost_model, ctx.constraints)
     if not archs:
         raise InfeasibleError("no full-width homogeneous shape meets the constraints; drop `homogeneous` from compare.methods")
-    kl, best = min(((_selection_kl(ctx, ranking, a), i) for i, a in enumerate(archs)))
+    scored = sorted((_selection_kl(ctx, ranking, a), i) for i, a in enumerate(archs))
+    (kl, best), rest = scored[0], scored[1:]
     notes = {"candidates": len(archs), "ffn_widths": [a.blocks[next(i for i, b in enumerate(a.blocks) if b.ffn)].ffn for a in archs]}
-    return Pick(archs[best], ranking, "homogeneous, full width (fewest blocks dropped)", kl, asdict(settings), notes)
+    label = "homogeneous, full width (fewest blocks dropped)"
+    second = Pick(archs[rest[0][1]], ranking, f"{label}, runner-up", rest[0][0], asdict(settings)) if ctx.runner_up and rest else None
+    return Pick(archs[best], ranking, label, kl, asdict(settings), notes, runner_up=second)
 
 
 def greedy_pick(ctx: PickContext, settings: NaiveSpec) -> Pick:

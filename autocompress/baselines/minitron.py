@@ -377,24 +377,35 @@ def pick(ctx: Any, spec: MinitronSpec) -> Any:
         f"{spec.top_k} per limit pair{probed}, {len(res.scored)} scored of {res.feasible} feasible homogeneous candidates "
         f"(limits: {limits})"
     )
-    shape = {
-        "hidden_size": best.hidden,
-        "num_attention_heads": best.heads,
-        "num_key_value_heads": best.kv_heads,
-        "ffn": best.ffn,
-        "dropped_blocks": list(best.dropped),
-    }
+    second = None
+    if ctx.runner_up and len(res.scored) > 1:  # the second by the score that chose the pick (after the probe, where it ran)
+        by = "kl_select_probe" if "kl_select_probe" in res.scored and res.scored["kl_select_probe"].notna().sum() > 1 else "kl"
+        at = int(res.scored[~res.scored["chosen"]].sort_values(by, kind="stable").index[0])
+        cand = res.candidates[at]
+        second = Pick(cand.arch, res.ranking, f"{spec.label}, runner-up", float(res.scored.loc[at, "kl"]), shape=_shape(cand))
     return Pick(
         best.arch,
         res.ranking,
         spec.label,
         float(res.scored.loc[res.scored["chosen"], "kl"].iloc[0]),
         notes={"feasible_candidates": res.feasible, "limits": res.limits},
-        shape=shape,
+        shape=_shape(best),
         description=description,
         table_label=f"{spec.label}: {ctx.space.num_layers - len(best.dropped)} layers, {best.heads} query heads",
         tables={"candidates": res.scored},
+        runner_up=second,
     )
+
+
+def _shape(cand: Candidate) -> dict[str, Any]:
+    """A homogeneous candidate's shape as compare.json records it."""
+    return {
+        "hidden_size": cand.hidden,
+        "num_attention_heads": cand.heads,
+        "num_key_value_heads": cand.kv_heads,
+        "ffn": cand.ffn,
+        "dropped_blocks": list(cand.dropped),
+    }
 
 
 # --------------------------------------------------------------------------- checkpoint

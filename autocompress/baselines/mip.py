@@ -34,8 +34,9 @@ class Program:
     bounds: tuple[LinearBound, ...]
 
 
-def solve(program: Program, time_limit: float = 60.0) -> tuple[list[int], float]:
-    """The block per layer minimising the summed scores under every bound, and that sum.
+def solve(program: Program, time_limit: float = 60.0, exclude: tuple[tuple[int, ...], ...] = ()) -> tuple[list[int], float]:
+    """The block per layer minimising the summed scores under every bound, and that sum; none of the choices in
+    `exclude` (one block index per layer each: the runner-up is the best choice other than the pick).
 
     Raises InfeasibleError when no choice meets the bounds (or the solver found none within `time_limit` seconds).
     """
@@ -43,9 +44,12 @@ def solve(program: Program, time_limit: float = 60.0) -> tuple[list[int], float]
     allowed = np.isfinite(program.scores).ravel()
     cost = np.where(allowed, program.scores.ravel(), 0.0)
     one_per_layer = np.kron(np.eye(layers), np.ones(blocks))  # [L, L*B]
-    rows = [one_per_layer] + [b.stat.reshape(1, -1) for b in program.bounds]
-    lo = np.concatenate([np.ones(layers), np.full(len(program.bounds), -np.inf)])
-    hi = np.concatenate([np.ones(layers), [b.budget for b in program.bounds]])
+    cuts = np.zeros((len(exclude), layers * blocks))  # no-good cuts: at most L - 1 of an excluded choice's blocks
+    for row, choice in zip(cuts, exclude, strict=True):
+        row[[i * blocks + c for i, c in enumerate(choice)]] = 1.0
+    rows = [one_per_layer, cuts] + [b.stat.reshape(1, -1) for b in program.bounds]
+    lo = np.concatenate([np.ones(layers), np.full(len(exclude) + len(program.bounds), -np.inf)])
+    hi = np.concatenate([np.ones(layers), np.full(len(exclude), layers - 1.0), [b.budget for b in program.bounds]])
     res = milp(
         cost,
         integrality=np.ones(cost.size),
@@ -59,11 +63,13 @@ def solve(program: Program, time_limit: float = 60.0) -> tuple[list[int], float]
     return [int(c) for c in choice], float(res.fun)
 
 
-def brute_force(program: Program) -> tuple[list[int], float]:
+def brute_force(program: Program, exclude: tuple[tuple[int, ...], ...] = ()) -> tuple[list[int], float]:
     """The same optimum by enumerating every choice (tests, small instances only)."""
     layers, blocks = program.scores.shape
     best: tuple[float, list[int]] | None = None
     for choice in itertools.product(range(blocks), repeat=layers):
+        if choice in exclude:
+            continue
         score = float(sum(program.scores[i, c] for i, c in enumerate(choice)))
         if not np.isfinite(score):
             continue

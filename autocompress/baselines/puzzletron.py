@@ -261,6 +261,8 @@ class PuzzletronResult:
     perplexity_select: float
     costs: dict[str, float]
     settings: dict[str, Any] = field(default_factory=dict)
+    runner_up: Architecture | None = None  # the MIP's best other choice, realised alike (search(runner_up=True))
+    runner_up_kl_select: float = float("nan")
 
     def shape(self) -> dict[str, Any]:
         """What the pick did per layer: attention KV heads ('-' = no-op) and FFN widths (0 = no-op)."""
@@ -290,10 +292,12 @@ def realise(
     constraints: tuple[Constraint, ...],
     max_solves: int = 8,
     time_limit: float = 60.0,
+    exclude: tuple[tuple[int, ...], ...] = (),
 ) -> tuple[Architecture, list[dict[str, Any]]]:
     """Solve the MIP, judge its pick with the full cost model, tighten each overshot bound by its overshoot, solve again.
 
     Returns the first pick that meets every constraint and the record of every solve; InfeasibleError after `max_solves`.
+    `exclude`: block choices (an index into `blocks` per layer) the MIP may not return (the runner-up excludes the pick).
     """
     base = space.base
     base_costs, deltas = block_costs(cost_model, space, blocks, constraints)
@@ -301,7 +305,7 @@ def realise(
     solves: list[dict[str, Any]] = []
     for _ in range(max_solves):
         program = Program(scores, tuple(LinearBound(c.metric, deltas[c.metric], budgets[c.metric]) for c in constraints))
-        choice, objective = solve(program, time_limit)
+        choice, objective = solve(program, time_limit, exclude)
         arch = Architecture(**{**base.__dict__, "blocks": tuple(blocks[b] for b in choice)})
         costs = cost_model.predict(arch)
         additive = {m: float(sum(deltas[m][i, b] for i, b in enumerate(choice))) for m in budgets}
@@ -341,9 +345,11 @@ def search(
     teacher_select: torch.Tensor,
     spec: PuzzletronSpec,
     progress: bool = True,
+    runner_up: bool = False,
 ) -> PuzzletronResult:
     """Puzzletron's pick: activation scoring on `calib`, one-block scores on `select` (teacher hidden states
-    `teacher_select` [n, s, d]), the MIP under `constraints`, realised and tightened until it meets them."""
+    `teacher_select` [n, s, d]), the MIP under `constraints`, realised and tightened until it meets them. With
+    `runner_up`, also the best choice other than the pick (the same MIP with the pick cut off, realised alike)."""
     base = space.base
     ranking = Ranking(hidden=torch.arange(base.hidden_size), ffn=ffn_ranking(model, calib, spec.batch_size, progress))
     blocks = library(space, spec.kv_variants)
@@ -353,9 +359,14 @@ def search(
         scores = one_block_scores(model, masked, space, blocks, tokens, teacher, spec.objective, progress)
         arch, solves = realise(space, blocks, scores, cost_model, constraints, spec.max_solves, spec.time_limit)
         kl, ppl = evaluate(model, masked, arch, select, teacher_select)
+        second, second_kl = None, float("nan")
+        if runner_up:
+            pick = (tuple(blocks.index(b) for b in arch.blocks),)
+            second, _ = realise(space, blocks, scores, cost_model, constraints, spec.max_solves, spec.time_limit, pick)
+            second_kl = evaluate(model, masked, second, select, teacher_select)[0]
     finally:
         masked.remove()
     if not math.isfinite(kl):
         raise InfeasibleError("Puzzletron's pick gives a non-finite selection-split KL")
     settings = {"objective": spec.objective, "kv_variants": spec.kv_variants, "library": len(blocks), "hidden_size": base.hidden_size}
-    return PuzzletronResult(arch, ranking, blocks, scores, solves, kl, ppl, cost_model.predict(arch), settings)
+    return PuzzletronResult(arch, ranking, blocks, scores, solves, kl, ppl, cost_model.predict(arch), settings, second, second_kl)
