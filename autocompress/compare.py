@@ -674,7 +674,7 @@ def _test_means(m: Model) -> dict[str, float]:
 
 
 def _probe_summary(job: CompareJob, out: Path) -> dict[str, Any] | None:
-    """compare.probe's settings and every probed candidate of both methods (None when the probe was off)."""
+    """compare.probe's settings and every probed candidate of each method (None when the probe was off)."""
     probe = job.compare.probe
     if not probe.on:
         return None
@@ -683,11 +683,15 @@ def _probe_summary(job: CompareJob, out: Path) -> dict[str, Any] | None:
     from autocompress.baselines.interface import BASELINES
 
     for name in job.compare.methods or ():
-        if name in BASELINES and BASELINES[name].probes:
+        if name not in BASELINES or not BASELINES[name].probes:
+            continue
+        if (out / name / "candidates.parquet").exists():  # a table of every scored candidate (Minitron)
             cands = pd.read_parquet(out / name / "candidates.parquet")
             cands = cands[cands["kl_select_probe"].notna()]
             columns = ["params", "kl", "kl_select_probe", "chosen", "architecture"]
             summary[name] = [{**r, "kl_select": r.pop("kl")} for r in cands[columns].to_dict("records")]
+        else:  # the pick's own record of its probe (Puzzletron: the MIP's N best choices)
+            summary[name] = json.loads((out / name / f"{name}.json").read_text()).get("probe")
     return summary
 
 

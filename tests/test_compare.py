@@ -258,7 +258,10 @@ def check_runner_ups(out: Path) -> None:
     picked = json.loads((out / "minitron" / "minitron.json").read_text())
     assert picked["runner_up"]["architecture"] == second["architecture"] != picked["architecture"]
     pz = json.loads((out / "puzzletron" / "puzzletron.json").read_text())
-    assert pz["runner_up"]["architecture"] != pz["architecture"] and pz["runner_up"]["kl_select"] >= pz["kl_select"] - 1e-9
+    probed = sorted(pz["probe"], key=lambda r: (r["kl_select_probe"], r["candidate"]))  # the MIP's 3 best choices, probed
+    assert len(probed) == 3 and summary["probe"]["puzzletron"] == pz["probe"]
+    assert pz["kl_select"] == probed[0]["kl_select"] and pz["runner_up"]["kl_select"] == probed[1]["kl_select"]
+    assert pz["runner_up"]["architecture"] != pz["architecture"]
     for name in ("autocompress", "minitron", "puzzletron"):
         assert frame.loc[f"{name}/runner_up", "seeds"] == 2 and summary[name]["runner_up"]["params"] > 0
         assert (out / name / "runner_up" / "distilled-seed1" / "distill.json").exists()

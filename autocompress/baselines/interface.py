@@ -5,7 +5,8 @@ splits (it chooses on the selection split only) and returns its architecture wit
 a baseline (docs/baselines.md): a function `pick(ctx, settings) -> Pick` here (or in its own module), one entry in
 BASELINES, its settings dataclass as a field of CompareSpec and under `compare.<name>` in conf/compare/default.yaml.
 Minitron sits here too, for both families compare runs (Llama: autocompress.baselines.minitron; hybrid MoE:
-autocompress.baselines.minitron_moe); it is the one baseline that uses compare.probe (`PickContext.probe`).
+autocompress.baselines.minitron_moe). Minitron and Puzzletron pick among their top-N candidates with compare.probe
+(`PickContext.probe`), as AutoCompress's trials are picked: every method gets the same probe.
 """
 
 from __future__ import annotations
@@ -101,18 +102,48 @@ class Pick:
 
 
 def puzzletron_pick(ctx: PickContext, settings: Any) -> Pick:
-    """ModelOpt's Puzzletron (autocompress.baselines.puzzletron)."""
+    """ModelOpt's Puzzletron (autocompress.baselines.puzzletron). With compare.probe on, the MIP's N best choices (each
+    realised alike) are probed as every method's candidates are; the runner-up is the second by the same score."""
     from autocompress.baselines import puzzletron
+    from autocompress.baselines.minitron import write_checkpoint
 
+    n = ctx.probe.count if ctx.probe is not None else 1
     res = puzzletron.search(
-        ctx.model, ctx.space, ctx.cost_model, ctx.constraints, ctx.calib, ctx.select, ctx.teacher(), settings, ctx.progress, ctx.runner_up
+        ctx.model,
+        ctx.space,
+        ctx.cost_model,
+        ctx.constraints,
+        ctx.calib,
+        ctx.select,
+        ctx.teacher(),
+        settings,
+        ctx.progress,
+        max(n - 1, int(ctx.runner_up)),
     )
     solves = [{"overshoot": s["overshoot"], "budgets": s["budgets"], "costs": s["costs"]} for s in res.solves]
-    notes = {"blocks": res.shape(), "solves": solves, "library": len(res.blocks), "costs": res.costs}
+    notes: dict[str, Any] = {"blocks": res.shape(), "solves": solves, "library": len(res.blocks), "costs": res.costs}
+    candidates = [(res.arch, res.kl_select), *res.others]  # MIP order: the pick first
+    order = list(range(len(candidates)))
+    if ctx.probe is not None and len(candidates) > 1:
+        from autocompress.quality.probe import chosen
+
+        ids = ctx.check_ids if ctx.check_ids is not None else ctx.select[:4]
+
+        def writer(arch: Architecture) -> Callable[[Path], object]:
+            return lambda folder: write_checkpoint(ctx.model, ctx.tokenizer, ctx.space, res.ranking, arch, folder, ids, "probe")
+
+        rows = ctx.probe.run({str(i): writer(a) for i, (a, _) in enumerate(candidates[:n])})
+        after = {int(r["candidate"]): r["kl_select_probe"] for r in rows}
+        order = sorted(after, key=lambda i: (after[i], i))
+        assert order[0] == int(chosen(rows))
+        notes["probe"] = [{"candidate": i, "mip_rank": i, "kl_select": candidates[i][1], "kl_select_probe": after[i]} for i in after]
+    (arch, kl), label = candidates[order[0]], puzzletron.LABEL
+    if order[0] != 0:
+        notes["blocks"] = puzzletron.block_shape(arch)  # the probe's pick, not the MIP's first
     second = None
-    if res.runner_up is not None:  # the MIP's best other choice
-        second = Pick(res.runner_up, res.ranking, f"{puzzletron.LABEL}, runner-up", res.runner_up_kl_select, asdict(settings))
-    return Pick(res.arch, res.ranking, puzzletron.LABEL, res.kl_select, asdict(settings), notes, runner_up=second)
+    if ctx.runner_up and len(order) > 1:
+        second = Pick(candidates[order[1]][0], res.ranking, f"{label}, runner-up", candidates[order[1]][1], asdict(settings))
+    return Pick(arch, res.ranking, label, kl, asdict(settings), notes, runner_up=second)
 
 
 @dataclass(frozen=True)
@@ -201,7 +232,7 @@ class Baseline:
 BASELINES: dict[str, Baseline] = {
     "minitron": Baseline(minitron_pick, "Minitron", llama_only=False, probes=True, key=minitron_key),
     "minitron_default": Baseline(minitron_pick, "Minitron (ModelOpt defaults)", llama_only=False, probes=True, key=minitron_key),
-    "puzzletron": Baseline(puzzletron_pick, "Puzzletron"),
+    "puzzletron": Baseline(puzzletron_pick, "Puzzletron", probes=True),
     "homogeneous": Baseline(homogeneous_pick, "homogeneous"),
     "greedy": Baseline(greedy_pick, "greedy"),
 }

@@ -250,6 +250,16 @@ def block_costs(
 # --------------------------------------------------------------------------- 5. MIP, 6. realise and tighten
 
 
+def block_shape(arch: Architecture) -> dict[str, Any]:
+    """Per layer: attention KV heads ('-' = no-op) and FFN widths (0 = no-op), and how many layers keep each."""
+    return {
+        "attention": "".join(str(b.kv_heads) if b.kv_heads else "-" for b in arch.blocks),
+        "ffn": [b.ffn for b in arch.blocks],
+        "attention_layers": sum(1 for b in arch.blocks if b.kv_heads),
+        "ffn_layers": sum(1 for b in arch.blocks if b.ffn),
+    }
+
+
 @dataclass
 class PuzzletronResult:
     arch: Architecture
@@ -261,17 +271,12 @@ class PuzzletronResult:
     perplexity_select: float
     costs: dict[str, float]
     settings: dict[str, Any] = field(default_factory=dict)
-    runner_up: Architecture | None = None  # the MIP's best other choice, realised alike (search(runner_up=True))
-    runner_up_kl_select: float = float("nan")
+    others: list[tuple[Architecture, float]] = field(default_factory=list)  # the MIP's next best choices, realised alike,
+    # with their selection-split KL (search(alternatives=N): the runner-up, compare.probe's candidates)
 
     def shape(self) -> dict[str, Any]:
         """What the pick did per layer: attention KV heads ('-' = no-op) and FFN widths (0 = no-op)."""
-        return {
-            "attention": "".join(str(b.kv_heads) if b.kv_heads else "-" for b in self.arch.blocks),
-            "ffn": [b.ffn for b in self.arch.blocks],
-            "attention_layers": sum(1 for b in self.arch.blocks if b.kv_heads),
-            "ffn_layers": sum(1 for b in self.arch.blocks if b.ffn),
-        }
+        return block_shape(self.arch)
 
     def table(self) -> pd.DataFrame:
         """One row per (layer, block) of the library: its one-block score."""
@@ -345,11 +350,11 @@ def search(
     teacher_select: torch.Tensor,
     spec: PuzzletronSpec,
     progress: bool = True,
-    runner_up: bool = False,
+    alternatives: int = 0,
 ) -> PuzzletronResult:
     """Puzzletron's pick: activation scoring on `calib`, one-block scores on `select` (teacher hidden states
     `teacher_select` [n, s, d]), the MIP under `constraints`, realised and tightened until it meets them. With
-    `runner_up`, also the best choice other than the pick (the same MIP with the pick cut off, realised alike)."""
+    `alternatives` N, also the N next best choices (the same MIP with every earlier choice cut off, realised alike)."""
     base = space.base
     ranking = Ranking(hidden=torch.arange(base.hidden_size), ffn=ffn_ranking(model, calib, spec.batch_size, progress))
     blocks = library(space, spec.kv_variants)
@@ -359,14 +364,18 @@ def search(
         scores = one_block_scores(model, masked, space, blocks, tokens, teacher, spec.objective, progress)
         arch, solves = realise(space, blocks, scores, cost_model, constraints, spec.max_solves, spec.time_limit)
         kl, ppl = evaluate(model, masked, arch, select, teacher_select)
-        second, second_kl = None, float("nan")
-        if runner_up:
-            pick = (tuple(blocks.index(b) for b in arch.blocks),)
-            second, _ = realise(space, blocks, scores, cost_model, constraints, spec.max_solves, spec.time_limit, pick)
-            second_kl = evaluate(model, masked, second, select, teacher_select)[0]
+        others: list[tuple[Architecture, float]] = []
+        cut = [tuple(blocks.index(b) for b in arch.blocks)]
+        for _ in range(alternatives):
+            try:
+                other, _ = realise(space, blocks, scores, cost_model, constraints, spec.max_solves, spec.time_limit, tuple(cut))
+            except InfeasibleError:  # no other choice meets the bounds
+                break
+            others.append((other, evaluate(model, masked, other, select, teacher_select)[0]))
+            cut.append(tuple(blocks.index(b) for b in other.blocks))
     finally:
         masked.remove()
     if not math.isfinite(kl):
         raise InfeasibleError("Puzzletron's pick gives a non-finite selection-split KL")
     settings = {"objective": spec.objective, "kv_variants": spec.kv_variants, "library": len(blocks), "hidden_size": base.hidden_size}
-    return PuzzletronResult(arch, ranking, blocks, scores, solves, kl, ppl, cost_model.predict(arch), settings, second, second_kl)
+    return PuzzletronResult(arch, ranking, blocks, scores, solves, kl, ppl, cost_model.predict(arch), settings, others)
