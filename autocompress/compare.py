@@ -64,6 +64,7 @@ RECORDED = (  # what compare.json keeps of each baseline's <name>.json (what the
     "solves",
     "kl_select",
     "kl_report",
+    "budget",
 )
 
 # --------------------------------------------------------------------------- stages, reused when their key is unchanged
@@ -640,6 +641,7 @@ def write_outputs(
                 "params": ac.arch.num_params(),
                 "average": 100 * ac.score("average"),
                 "origin": None if pd.isna(ctx.row.get("origin")) else str(ctx.row.get("origin")),
+                "budget": _autocompress_budget(ctx),
                 **_test_means(ac),
                 **({"runner_up": runner_ups["autocompress"]} if "autocompress" in runner_ups else {}),
             },
@@ -661,6 +663,15 @@ def write_outputs(
     print(text)
     print("seconds per stage: " + ", ".join(f"{k} {v if isinstance(v, str) else f'{v:.0f}'}" for k, v in timings.items()))
     print(f"\ntable: {out / 'compare.md'} (data: {out / 'compare.parquet'}, {out / 'diff.parquet'})")
+
+
+def _autocompress_budget(ctx: Context) -> dict[str, Any]:
+    """What AutoCompress's pick cost on the selection split: each finished trial's result is scored on all of it once (its
+    homogeneous rival too, where the trial's fill or repair moved it); the searches themselves read calibration text."""
+    trials = ctx.run.trials
+    finished = int((trials["status"] == "ok").sum())
+    note = "one per finished trial; not counted: the homogeneous rival's preparation and rivals re-scored after a move"
+    return {"trials": len(trials), "selection_evaluations": finished, "selection_sequences": len(ctx.data.select), "note": note}
 
 
 def _runner_up_entry(m: Model) -> dict[str, Any]:

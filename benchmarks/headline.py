@@ -111,7 +111,7 @@ def record(scenario: str, compare_dir: Path, proto: dict[str, Any], code: str, s
             "runner_up": _runner_up(frame, f"{name}/runner_up"),  # by the method's own selection score (compare.runner_up)
             "budget": {
                 "pick_seconds": {k: stage_seconds[k] for k in pick},  # "reused": made by an earlier run of this command
-                "selection_evaluations": None,  # not counted yet (issue 43 item 2)
+                **summary.get(name, {}).get("budget", {}),  # selection-split evaluations, as each pick counted them
             },
         }
     if "autocompress" in methods:

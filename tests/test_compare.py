@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from autocompress.baselines.comparison import job_from_dict, paired_bootstrap
+from autocompress.baselines.comparison import METHODS, job_from_dict, paired_bootstrap
 from autocompress.compare import pick_trial, run_compare, top_trials
 from autocompress.config.build import run_spec_from_dict
 from autocompress.config.schema import LagrangianSettings
@@ -244,6 +244,10 @@ def test_compare_runs_every_stage_and_reuses_them(
     assert seconds["base/eval"] == "reused" and seconds["autocompress/eval-seed0"] != "reused", seconds
     check_probe(tmp_path / "other", pd.read_parquet(run / "trials.parquet"))
     check_runner_ups(tmp_path / "other")
+    budgets = {m: s["budget"] for m, s in json.loads((tmp_path / "other" / "compare.json").read_text()).items() if m in METHODS}
+    assert budgets["autocompress"]["selection_evaluations"] == 2 and budgets["puzzletron"]["selection_evaluations"] == 3
+    assert budgets["minitron"]["selection_evaluations"] == len(pd.read_parquet(tmp_path / "other" / "minitron" / "candidates.parquet"))
+    assert budgets["puzzletron"]["one_block_evaluations"] > 0
 
 
 def check_runner_ups(out: Path) -> None:

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -122,6 +123,12 @@ def puzzletron_pick(ctx: PickContext, settings: Any) -> Pick:
     )
     solves = [{"overshoot": s["overshoot"], "budgets": s["budgets"], "costs": s["costs"]} for s in res.solves]
     notes: dict[str, Any] = {"blocks": res.shape(), "solves": solves, "library": len(res.blocks), "costs": res.costs}
+    notes["budget"] = {  # one-block scores on score_sequences of the selection split, then each MIP choice on all of it
+        "one_block_evaluations": int(np.isfinite(res.scores).sum()),
+        "one_block_sequences": len(ctx.select[: settings.score_sequences]),
+        "selection_evaluations": 1 + len(res.others),
+        "selection_sequences": len(ctx.select),
+    }
     candidates = [(res.arch, res.kl_select), *res.others]  # MIP order: the pick first
     order = list(range(len(candidates)))
     if ctx.probe is not None and len(candidates) > 1:
@@ -178,7 +185,11 @@ def homogeneous_pick(ctx: PickContext, settings: NaiveSpec) -> Pick:
         raise InfeasibleError("no full-width homogeneous shape meets the constraints; drop `homogeneous` from compare.methods")
     scored = sorted((_selection_kl(ctx, ranking, a), i) for i, a in enumerate(archs))
     (kl, best), rest = scored[0], scored[1:]
-    notes = {"candidates": len(archs), "ffn_widths": [a.blocks[next(i for i, b in enumerate(a.blocks) if b.ffn)].ffn for a in archs]}
+    notes = {
+        "candidates": len(archs),
+        "ffn_widths": [a.blocks[next(i for i, b in enumerate(a.blocks) if b.ffn)].ffn for a in archs],
+        "budget": {"selection_evaluations": len(archs), "selection_sequences": len(ctx.select)},
+    }
     label = "homogeneous, full width (fewest blocks dropped)"
     second = Pick(archs[rest[0][1]], ranking, f"{label}, runner-up", rest[0][0], asdict(settings)) if ctx.runner_up and rest else None
     return Pick(archs[best], ranking, label, kl, asdict(settings), notes, runner_up=second)
@@ -195,7 +206,8 @@ def greedy_pick(ctx: PickContext, settings: NaiveSpec) -> Pick:
     if arch is None:
         raise InfeasibleError("removing every sublayer does not meet the constraints; drop `greedy` from compare.methods")
     ranking = importance(ctx.model, calib, progress=ctx.progress).ranking()  # widths stay the base's: the order is moot
-    return Pick(arch, ranking, "greedy sublayer removal", _selection_kl(ctx, ranking, arch), asdict(settings))
+    budget = {"budget": {"selection_evaluations": 1, "selection_sequences": len(ctx.select)}}  # its order is from calibration text
+    return Pick(arch, ranking, "greedy sublayer removal", _selection_kl(ctx, ranking, arch), asdict(settings), budget)
 
 
 def minitron_pick(ctx: PickContext, settings: Any) -> Pick:

@@ -388,7 +388,11 @@ def pick(ctx: Any, spec: MinitronSpec) -> Any:
         res.ranking,
         spec.label,
         float(res.scored.loc[res.scored["chosen"], "kl"].iloc[0]),
-        notes={"feasible_candidates": res.feasible, "limits": res.limits},
+        notes={
+            "feasible_candidates": res.feasible,
+            "limits": res.limits,
+            "budget": {"selection_evaluations": len(res.scored), "selection_sequences": len(select)},
+        },
         shape=_shape(best),
         description=description,
         table_label=f"{spec.label}: {ctx.space.num_layers - len(best.dropped)} layers, {best.heads} query heads",
