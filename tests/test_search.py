@@ -261,3 +261,17 @@ def test_search_respects_the_attention_floor(prepared) -> None:  # type: ignore[
     tight = dataclasses.replace(p.inputs, constraints=tuple(Constraint(c.metric, c.value * 0.97) for c in p.inputs.constraints))
     result = run_search(p.base.model, tight, p.cost_model, spec.search, LagrangianSettings(lambda_init=20.0, dual_lr=5.0))
     assert p.space.allows(result.architecture) and result.architecture.blocks[0].kv_heads > 0
+
+
+def test_the_start_names_the_base_costs_and_warns_when_nothing_needs_pruning(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each bound is printed beside the unpruned model's predicted cost; a scenario the unpruned model already meets
+    gets one warning line (pruning buys nothing there) instead of a silent search."""
+    loose = compose_spec("+scenario=cpu_interactive", *TINY_CPU, "scenario.constraints.tpot_ms=1.5x", "scenario.constraints.ttft_ms=2x")
+    prepare(loose, progress=False)
+    err = capsys.readouterr().err
+    line = next(ln for ln in err.splitlines() if "constraints: " in ln)
+    assert "tpot_ms <= 1.5x base" in line and "(base model " in line and ": met)" in line and ": missed)" not in line
+    assert sum("already meets every bound" in ln for ln in err.splitlines()) == 1
+    prepare(compose_spec("+scenario=cpu_interactive", *TINY_CPU), progress=False)  # 0.97x / 0.9x: the base misses both
+    err = capsys.readouterr().err
+    assert ": missed)" in err and "already meets every bound" not in err

@@ -49,6 +49,15 @@ def resolve_constraints(scenario: Scenario, space: SearchSpace, cost_model: Cost
     return constraints, base_costs
 
 
+def constraints_line(scenario: Scenario, constraints: tuple[Constraint, ...], base_costs: dict[str, float]) -> str:
+    """One line: each bound as configured, its absolute value, and the unpruned model's predicted cost beside it."""
+    parts = []
+    for raw, c in zip(scenario.constraints, constraints, strict=True):
+        met = "met" if c.satisfied(base_costs[c.metric]) else "missed"
+        parts.append(f"{raw.describe()} -> {c.value:.4g} (base model {base_costs[c.metric]:.4g}: {met})")
+    return "constraints: " + ", ".join(parts)
+
+
 def check_space(base: Architecture, space: SearchSpace) -> None:
     if space.largest() != base:
         raise InfeasibleError("the search space does not contain the base model; check search.space divisors")
@@ -123,9 +132,12 @@ def prepare(spec: RunSpec, progress: bool = True, on_checked: Callable[[], Any] 
         f"base model {spec.model.name}: {base.num_params():,} parameters, {base.num_layers} layers; "
         f"space of {space.size():.3g} architectures; cost model {cost_model.id}"
     )
-    log(
-        "constraints: " + ", ".join(f"{c.describe()} -> {a.value:.4g}" for c, a in zip(spec.scenario.constraints, constraints, strict=True))
-    )
+    log(constraints_line(spec.scenario, constraints, base_costs))
+    if all(c.satisfied(base_costs[c.metric]) for c in constraints):
+        log(
+            "warning: the unpruned model already meets every bound under this cost model; pruning buys nothing here. "
+            "Tighten scenario.constraints (e.g. a 0.7x share of the base) or check the hardware and workload"
+        )
     data = load_token_data(spec.data, base_model.tokenizer)
     log(f"calibration text ({spec.data.source}): {data.summary()}")
     if on_checked is not None:
