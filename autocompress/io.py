@@ -92,6 +92,18 @@ def check_output(out: Path, overwrite: bool) -> None:
     check_writable(out.parent, "out")  # the new checkpoint is staged beside it, then renamed
 
 
+def normal_modes(root: Path) -> None:
+    """The modes a user's own files get (umask applied): temporary-file writers leave 0600, which a shared or published
+    checkpoint should not have."""
+    mask = os.umask(0)
+    os.umask(mask)
+    if not root.exists():
+        return
+    for path in [root, *root.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 @contextmanager
 def staged(out: Path, overwrite: bool) -> Iterator[Path]:
     """A temporary folder beside `out` that becomes `out` only if the block succeeds (nothing half-written)."""
@@ -101,6 +113,7 @@ def staged(out: Path, overwrite: bool) -> Iterator[Path]:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         yield tmp
+        normal_modes(tmp)
         if out.exists():
             os.replace(out, old)
         os.replace(tmp, out)

