@@ -29,7 +29,6 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -38,34 +37,21 @@ import hydra
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from autocompress.baselines.comparison import TITLES, CompareJob, Model, job_from_dict, markdown, model_row, paired_bootstrap
+from autocompress.baselines.comparison import CompareJob, Model, job_from_dict
+from autocompress.baselines.context import (
+    Context,
+    arch_of,
+    build_context,
+    pick_inputs,
+    test_key,
+    top_trials,
+)
+from autocompress.baselines.outputs import write_outputs
 from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
-from autocompress.config.metrics import Constraint
-from autocompress.config.schema import RunSpec
-from autocompress.errors import ConfigError
-from autocompress.io import RUN_TRIALS, check_writable, log, write_json, write_parquet, write_text
+from autocompress.io import RUN_TRIALS, check_writable, log, write_json, write_parquet
 from autocompress.quality.tasks import evaluation_paths
 from autocompress.results.store import load_run
-
-RECORDED = (  # what compare.json keeps of each baseline's <name>.json (what the pick recorded of its shape and choice)
-    "label",
-    "hidden_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "attention",
-    "ffn",
-    "experts",
-    "expert_ffn",
-    "shared_ffn",
-    "dropped_blocks",
-    "limits",
-    "blocks",
-    "solves",
-    "kl_select",
-    "kl_report",
-    "budget",
-)
 
 # --------------------------------------------------------------------------- stages, reused when their key is unchanged
 
@@ -95,29 +81,6 @@ class Stages:
         if record is not None:
             write_json(key, record)
         log(f"{name}: {self.seconds[name]:.0f}s -> {target}")
-
-
-def pick_trial(trials: pd.DataFrame, trial: str | None, run_dir: Path) -> dict[str, Any]:
-    """The requested trial, or the feasible finished trial with the lowest selection-split KL (`kl_select`; `kl` in older runs)."""
-    ok = trials[(trials["status"] == "ok") & trials["feasible"]]
-    if trial is not None:
-        rows = trials[trials["trial_id"] == trial]
-        if rows.empty:
-            raise ConfigError(f"compare.trial={trial} is not in {run_dir}/trials.parquet; its trials: {', '.join(trials['trial_id'])}")
-        if trial not in set(ok["trial_id"]):
-            raise ConfigError(f"compare.trial={trial} failed or misses a constraint; both models must meet the constraint")
-        return dict(rows.iloc[0])
-    if ok.empty:
-        raise ConfigError(f"{run_dir} has no feasible trial; run more searches (sweep.num_trials) or loosen the constraints")
-    quality = "kl_select" if "kl_select" in ok and ok["kl_select"].notna().any() else "kl"  # runs made before the split: kl
-    return dict(ok.loc[ok[quality].idxmin()])
-
-
-def top_trials(trials: pd.DataFrame, n: int) -> pd.DataFrame:
-    """The feasible finished trials with the `n` lowest selection-split KLs, one per architecture (compare.probe's candidates)."""
-    ok = trials[(trials["status"] == "ok") & trials["feasible"]]
-    quality = "kl_select" if "kl_select" in ok and ok["kl_select"].notna().any() else "kl"
-    return ok.sort_values([quality, "trial_id"]).drop_duplicates("architecture").head(n)
 
 
 def _probe_inputs(job: CompareJob, ctx: Context) -> dict[str, Any]:
@@ -165,28 +128,6 @@ def _hash(data: Any) -> str:
 
 
 # --------------------------------------------------------------------------- the pipeline
-
-
-@dataclass
-class Context:
-    """What every stage shares: the run, its spec and trial, the base model, space, cost model, constraints, calibration tokens."""
-
-    run: Any  # results.Run
-    spec: RunSpec
-    row: dict[str, Any]  # the AutoCompress trial
-    model: Any  # the unpruned model (teacher), fp32, frozen
-    tokenizer: Any
-    space: Any  # SearchSpace
-    cost_model: Any  # CostModel
-    constraints: tuple[Constraint, ...]  # absolute, as the sweep resolved them
-    data: Any  # TokenData of the run's calibration source
-    family: str = "llama"  # the trials' family: llama (dense) or granitemoehybrid (autocompress.baselines.minitron_moe)
-    base_arch: Any = None  # the unpruned model's architecture (dense: space.base)
-    base_path: str = "base"  # what evaluate loads as the unpruned model
-
-    @property
-    def hybrid(self) -> bool:
-        return self.family == "granitemoehybrid"
 
 
 def resolve_run(job: CompareJob, config_yaml: str, stages: dict[str, float | str]) -> Path:
@@ -276,19 +217,6 @@ def baseline_stage(job: CompareJob, ctx: Context, name: str, out: Path) -> None:
     write_json(summary, out / f"{name}.json")
 
 
-def cost_model_choice(configured: str, judged_by: str) -> str:
-    """The cost model a run's trials were judged by: `auto` that meant the analytic model then (no fit existed for the
-    hardware, e.g. before the GPU fits shipped in the package) still means it for that run."""
-    return "analytic" if configured == "auto" and judged_by.startswith("analytic/") else configured
-
-
-def _splits(job: CompareJob) -> tuple[str, ...]:
-    """The token splits compare reads: the held-out test split only when compare.test_split asks (the headline)."""
-    from autocompress.model.data import SPLITS, TEST
-
-    return (*SPLITS, TEST) if job.compare.test_split else tuple(SPLITS)
-
-
 def test_stage(ctx: Context, path: str | Path | None, out: Path) -> None:
     """Test-split KL to the unpruned model and perplexity of a checkpoint (None: the unpruned model) (compare.test_split)."""
     from autocompress.model.checkpoint import load_checkpoint
@@ -298,90 +226,6 @@ def test_stage(ctx: Context, path: str | Path | None, out: Path) -> None:
     student = ctx.model if path is None else load_checkpoint(path, ctx.spec.model).model
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(heldout_scores(student, ctx.model, ctx.data.test), out)
-
-
-def build_context(job: CompareJob, run_dir: Path) -> Context:
-    """Base model, space, the run's cost model and absolute constraints, calibration tokens."""
-    from autocompress.arch.space import Architecture, SearchSpace
-    from autocompress.cost import get_cost_model
-    from autocompress.model.base import load_base_model
-    from autocompress.model.data import load_token_data
-
-    run = load_run(run_dir)
-    spec = run.spec or job.spec
-    if spec.scenario.name != job.spec.scenario.name:
-        raise ConfigError(f"compare.run={run_dir} is a run of scenario {spec.scenario.name!r}, not {job.spec.scenario.name!r}")
-    row = pick_trial(run.trials, job.compare.trial, run_dir)
-    if row.get("family") == "granitemoehybrid":
-        return hybrid_context(job, run, spec, row)
-    base = load_base_model(spec.model)
-    space = SearchSpace.from_base(Architecture.from_llama_config(base.model.config), spec.search.space)
-    cost_model = get_cost_model(space, spec.scenario, spec.results_dir, cost_model_choice(spec.cost_model, str(row["cost_model"])))
-    if cost_model.id != row["cost_model"]:
-        raise ConfigError(
-            f"the run's trials were judged by cost model {row['cost_model']}, but {cost_model.id} resolves now; "
-            f"rerun the sweep, or pin the cost model with cost_model=PATH"
-        )
-    constraints = tuple(Constraint(c.metric, c.value) for c in run.constraints.values())
-    data = load_token_data(spec.data, base.tokenizer, splits=_splits(job))
-    return Context(run, spec, row, base.model, base.tokenizer, space, cost_model, constraints, data, base_arch=space.base)
-
-
-def hybrid_context(job: CompareJob, run: Any, spec: RunSpec, row: dict[str, Any]) -> Context:
-    """The context of a hybrid-MoE run: its base checkpoint, the sweep's hybrid roofline (checked against the trial's figures)."""
-    import math
-
-    from autocompress.arch.hybrid import HybridModel
-    from autocompress.arch.moe_pruning import MoEShape
-    from autocompress.baselines.minitron_moe import HybridCostModel, shape_from_json
-    from autocompress.config.metrics import METRICS
-    from autocompress.cost.hybrid import HybridCost, hardware_terms
-    from autocompress.model.data import load_token_data
-    from autocompress.search.moe import load_moe, model_path
-
-    if job.compare.minitron.prune_kv_groups:
-        raise ConfigError("compare.minitron.prune_kv_groups is an ablation for Llama-family models; drop it for a hybrid-MoE run")
-    if job.compare.measure == "always":
-        raise ConfigError("compare.measure=always: compare measures Llama-family models only; use auto or never for a hybrid-MoE run")
-    if job.compare.probe.on:
-        raise ConfigError("compare.probe.candidates: the probe picks among Llama-family candidates only; drop it (off for hybrid-MoE)")
-    path = model_path(spec)
-    model, tokenizer = load_moe(path)
-    hw, _ = hardware_terms(spec.scenario.hardware, spec.cost_model)
-    layer_types = list(model.config.layer_types)
-    cost_model = HybridCostModel(
-        HybridCost(HybridModel.from_granite(model.config, name=spec.model.name), hw, spec.scenario.workload),
-        layer_types,
-        f"hybrid-analytic/{hw.name}",
-    )
-    if cost_model.id != row["cost_model"]:
-        raise ConfigError(
-            f"the run's trials were judged by cost model {row['cost_model']}, but {cost_model.id} resolves now; rerun the sweep"
-        )
-    costs = cost_model.predict(cost_model.arch(shape_from_json(row["architecture"])))
-    for metric in METRICS:
-        if not math.isclose(costs[metric], float(row[metric]), rel_tol=1e-6):
-            raise ConfigError(
-                f"the hybrid roofline now predicts {metric}={costs[metric]:.6g} for trial {row['trial_id']}, the sweep recorded "
-                f"{float(row[metric]):.6g}: the cost model changed since the sweep; rerun the sweep"
-            )
-    constraints = tuple(Constraint(c.metric, c.value) for c in run.constraints.values())
-    data = load_token_data(spec.data, tokenizer, splits=_splits(job))
-    base_arch = cost_model.arch(MoEShape.of(model.config))
-    return Context(
-        run,
-        spec,
-        row,
-        model,
-        tokenizer,
-        None,
-        cost_model,
-        constraints,
-        data,
-        family="granitemoehybrid",
-        base_arch=base_arch,
-        base_path=path,
-    )
 
 
 def evaluate_stage(job: CompareJob, ctx: Context, path: str | Path, out: Path) -> None:
@@ -443,28 +287,8 @@ def _autocompress_model(job: CompareJob, ctx: Context, out: Path, stages: Stages
     stages.run(
         "autocompress/pruned", {"trial": row["trial_id"], "architecture": row["architecture"]}, request.out, partial(export, request)
     )
-    arch = _arch(ctx, row["architecture"])
+    arch = arch_of(ctx, row["architecture"])
     return Model("autocompress", arch, ctx.cost_model.predict(arch), float(row["kl"]), label=str(row["trial_id"]))
-
-
-def _arch(ctx: Context, text: str) -> Any:
-    """An architecture JSON of this run's family."""
-    if ctx.hybrid:
-        from autocompress.baselines.minitron_moe import shape_from_json
-
-        return ctx.cost_model.arch(shape_from_json(text))
-    from autocompress.arch.space import Architecture
-
-    return Architecture.from_json(text)
-
-
-def _pick_inputs(ctx: Context) -> dict[str, Any]:
-    """What every baseline's pick depends on besides its own settings (part of its stage key)."""
-    return {
-        "cost_model": ctx.cost_model.id,
-        "data": dataclasses.asdict(ctx.spec.data),
-        "constraints": [dataclasses.asdict(c) for c in ctx.constraints],
-    }
 
 
 def _baseline_model(job: CompareJob, ctx: Context, out: Path, stages: Stages, name: str) -> Model:
@@ -472,14 +296,14 @@ def _baseline_model(job: CompareJob, ctx: Context, out: Path, stages: Stages, na
     from autocompress.baselines.interface import BASELINES
 
     baseline = BASELINES[name]
-    key = {name: dataclasses.asdict(getattr(job.compare, name)), **(baseline.key() if baseline.key else {}), **_pick_inputs(ctx)}
+    key = {name: dataclasses.asdict(getattr(job.compare, name)), **(baseline.key() if baseline.key else {}), **pick_inputs(ctx)}
     if baseline.probes and job.compare.probe.on:  # without it, keys made before the probe still match
         key["probe"] = _probe_inputs(job, ctx)
     if job.compare.runner_up:
         key["runner_up"] = True
     stages.run(f"{name}/pruned", key, out / name / "pruned", partial(baseline_stage, job, ctx, name, out / name))
     done = json.loads((out / name / f"{name}.json").read_text())
-    arch = _arch(ctx, done["architecture"])
+    arch = arch_of(ctx, done["architecture"])
     label = done.get("table_label", done["label"])
     return Model(name, arch, ctx.cost_model.predict(arch), float(done["kl_report"]), label=label)
 
@@ -505,14 +329,14 @@ def _runner_ups(job: CompareJob, ctx: Context, out: Path, stages: Stages, models
             request = ExportRequest(ctx.run.path / RUN_TRIALS, out / "autocompress" / "runner_up" / "pruned", trial=trial, overwrite=True)
             key = {"trial": trial, "architecture": row["architecture"]}
             stages.run("autocompress/runner_up/pruned", key, request.out, partial(export, request))
-            arch = _arch(ctx, row["architecture"])
+            arch = arch_of(ctx, row["architecture"])
             seconds.append(Model("autocompress/runner_up", arch, ctx.cost_model.predict(arch), float(row["kl"]), label=str(trial)))
             continue
         done = json.loads((out / m.name / f"{m.name}.json").read_text()).get("runner_up")
         if done is None:
             log(f"compare.runner_up: {m.name} has no second candidate; none distilled")
             continue
-        arch = _arch(ctx, done["architecture"])
+        arch = arch_of(ctx, done["architecture"])
         label = done.get("table_label", done["label"])
         seconds.append(Model(f"{m.name}/runner_up", arch, ctx.cost_model.predict(arch), float(done["kl_report"]), label=label))
     return seconds
@@ -554,7 +378,7 @@ def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stag
             m.results.append(read_result(evaluated))
             if job.compare.test_split:
                 tested = out / m.name / f"test-seed{seed}.json"
-                tkey = {**dkey, "student": m.arch.to_json(), "test": _test_key(ctx)}
+                tkey = {**dkey, "student": m.arch.to_json(), "test": test_key(ctx)}
                 stages.run(f"{m.name}/test-seed{seed}", tkey, tested, partial(test_stage, ctx, target, tested))
                 m.test.append(json.loads(tested.read_text()))
     base_eval = Path(spec.results_dir).resolve() / "evaluate" / f"base-{spec.model.name}-{_hash(ekey)}"
@@ -565,17 +389,12 @@ def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stag
         tested = out / "base" / "test.json"
         stages.run(
             "base/test",
-            {"teacher": dataclasses.asdict(spec.model), "test": _test_key(ctx)},
+            {"teacher": dataclasses.asdict(spec.model), "test": test_key(ctx)},
             tested,
             partial(test_stage, ctx, None, tested),
         )
         base.test.append(json.loads(tested.read_text()))
     return base
-
-
-def _test_key(ctx: Context) -> dict[str, Any]:
-    """What a test-split score depends on besides the model: the data settings and the split's documents."""
-    return {"data": dataclasses.asdict(ctx.spec.data), "documents": ctx.data.documents.get("test", [])}
 
 
 def run_compare(job: CompareJob, config_yaml: str = "") -> Path:
@@ -600,110 +419,6 @@ def run_compare(job: CompareJob, config_yaml: str = "") -> Path:
     timings |= stages.seconds
     write_outputs(job, ctx, out, [base, *models], note, timings, seconds)
     return out
-
-
-def write_outputs(
-    job: CompareJob, ctx: Context, out: Path, models: list[Model], note: str, timings: dict[str, Any], seconds: list[Model] | None = None
-) -> None:
-    """compare.parquet (one row per model, runner-ups included), diffs, compare.md and compare.json."""
-    seconds = seconds or []
-    frame = pd.DataFrame([model_row(m, ctx.constraints) for m in [*models, *seconds]])
-    ac, others = models[1], {m.name: m for m in models[2:]}
-    diffs = {
-        name: paired_bootstrap([r.items for r in ac.results], [r.items for r in m.results], job.compare.bootstrap, job.compare.seed)
-        for name, m in others.items()
-    }
-    write_parquet(frame, out / "compare.parquet")
-    first = next(iter(diffs))  # diff.parquet: against the first baseline (Minitron unless compare.methods says otherwise)
-    write_parquet(pd.concat([d.assign(method=n) for n, d in diffs.items()], ignore_index=True), out / "diffs.parquet")
-    write_parquet(diffs[first], out / "diff.parquet")
-    text = markdown(frame, diffs, ctx.constraints, note, job)
-    title = " vs ".join(TITLES[m.name] for m in models[1:])
-    write_text(f"# {title}: `{ctx.spec.scenario.name}`\n\n" + text, out / "compare.md")
-    diff_vs = {}
-    for name, d in diffs.items():
-        avg = d.set_index("task").loc["average"]
-        diff_vs[name] = {"mean": float(avg["diff"]), "low": float(avg["lo"]), "high": float(avg["hi"])}
-    baselines: dict[str, Any] = {}
-    for name, m in others.items():
-        done = json.loads((out / name / f"{name}.json").read_text())
-        recorded = {k: done[k] for k in RECORDED if k in done}
-        baselines[name] = {"params": m.arch.num_params(), "average": 100 * m.score("average"), **recorded, **_test_means(m)}
-    runner_ups = {m.name.split("/")[0]: _runner_up_entry(m) for m in seconds}
-    for name, entry in runner_ups.items():
-        if name in baselines:
-            baselines[name]["runner_up"] = entry
-    write_json(
-        {
-            "scenario": ctx.spec.scenario.name,
-            "autocompress": {
-                "trial": ctx.row["trial_id"],
-                "params": ac.arch.num_params(),
-                "average": 100 * ac.score("average"),
-                "origin": None if pd.isna(ctx.row.get("origin")) else str(ctx.row.get("origin")),
-                "budget": _autocompress_budget(ctx),
-                **_test_means(ac),
-                **({"runner_up": runner_ups["autocompress"]} if "autocompress" in runner_ups else {}),
-            },
-            **baselines,
-            "methods": list(job.compare.methods or ()),
-            "diff": {**diff_vs[first], "vs": first},
-            "diff_vs": diff_vs,
-            "seeds": list(job.compare.seeds),
-            "run": str(ctx.run.path),
-            "trial": ctx.row["trial_id"],
-            "seconds": timings,
-            "measure": note,
-            "distill": dataclasses.asdict(job.distill),
-            "evaluate": dataclasses.asdict(job.evaluate),
-            "probe": _probe_summary(job, out),
-        },
-        out / "compare.json",
-    )
-    print(text)
-    print("seconds per stage: " + ", ".join(f"{k} {v if isinstance(v, str) else f'{v:.0f}'}" for k, v in timings.items()))
-    print(f"\ntable: {out / 'compare.md'} (data: {out / 'compare.parquet'}, {out / 'diff.parquet'})")
-
-
-def _autocompress_budget(ctx: Context) -> dict[str, Any]:
-    """What AutoCompress's pick cost on the selection split: each finished trial's result is scored on all of it once (its
-    homogeneous rival too, where the trial's fill or repair moved it); the searches themselves read calibration text."""
-    trials = ctx.run.trials
-    finished = int((trials["status"] == "ok").sum())
-    note = "one per finished trial; not counted: the homogeneous rival's preparation and rivals re-scored after a move"
-    return {"trials": len(trials), "selection_evaluations": finished, "selection_sequences": len(ctx.data.select), "note": note}
-
-
-def _runner_up_entry(m: Model) -> dict[str, Any]:
-    """What compare.json keeps of a runner-up: its label, size, benchmark average and test-split scores."""
-    return {"label": m.label, "params": m.arch.num_params(), "average": 100 * m.score("average"), "kl_pruned": m.kl, **_test_means(m)}
-
-
-def _test_means(m: Model) -> dict[str, float]:
-    """compare.test_split's scores, means over the distillation seeds (none when it is off)."""
-    return {"test_kl": m.test_mean("kl"), "test_perplexity": m.test_mean("perplexity")} if m.test else {}
-
-
-def _probe_summary(job: CompareJob, out: Path) -> dict[str, Any] | None:
-    """compare.probe's settings and every probed candidate of each method (None when the probe was off)."""
-    probe = job.compare.probe
-    if not probe.on:
-        return None
-    ac = json.loads((out / "autocompress" / "probe.json").read_text()) if job.compare.trial is None else None
-    summary = {**dataclasses.asdict(probe), "autocompress": ac["candidates"] if ac else "compare.trial was given: not probed"}
-    from autocompress.baselines.interface import BASELINES
-
-    for name in job.compare.methods or ():
-        if name not in BASELINES or not BASELINES[name].probes:
-            continue
-        if (out / name / "candidates.parquet").exists():  # a table of every scored candidate (Minitron)
-            cands = pd.read_parquet(out / name / "candidates.parquet")
-            cands = cands[cands["kl_select_probe"].notna()]
-            columns = ["params", "kl", "kl_select_probe", "chosen", "architecture"]
-            summary[name] = [{**r, "kl_select": r.pop("kl")} for r in cands[columns].to_dict("records")]
-        else:  # the pick's own record of its probe (Puzzletron: the MIP's N best choices)
-            summary[name] = json.loads((out / name / f"{name}.json").read_text()).get("probe")
-    return summary
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")

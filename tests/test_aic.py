@@ -122,7 +122,9 @@ def gpu_run(folder: Path, scenario: str, constraints: dict[str, float]) -> Path:
     space = SearchSpace.from_base(Architecture.from_llama_config(SMOLLM2), SpaceSpec())
     archs = [space.largest(), uniform_shrink(space, 0.5)]
     rows = [
-        {"trial_id": f"t{i}", "status": "ok", "architecture": a.to_json(), "feasible": True, "ttft_ms": 1.0} for i, a in enumerate(archs)
+        {"trial_id": f"t{i}", "status": "ok", "architecture": a.to_json(), "feasible": True, "ttft_ms": 1.0}
+        | {"kl_select": 0.1 * i, "kl": 0.1 * i, "params": a.num_params()}  # as a sweep writes them (results.runcheck reads them)
+        for i, a in enumerate(archs)
     ]
     pd.DataFrame(rows).to_parquet(folder / "pareto.parquet")
     return folder
@@ -166,7 +168,7 @@ def test_verify_from_aiconfigurator_judges_relative_bounds_against_its_own_base_
 
 def test_a_run_judged_by_the_analytic_model_keeps_it_after_fits_ship() -> None:
     """compare on a GPU run swept before the shipped fits: auto resolves to what judged its trials, not to the new fit."""
-    from autocompress.compare import cost_model_choice
+    from autocompress.baselines.context import cost_model_choice
 
     assert cost_model_choice("auto", "analytic/h100_sxm/v1") == "analytic"
     assert cost_model_choice("auto", "fitted/h100_sxm/vllm/v1/aiconfigurator") == "auto"

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from autocompress.baselines.comparison import METHODS, job_from_dict, paired_bootstrap
-from autocompress.compare import pick_trial, run_compare, top_trials
+from autocompress.baselines.context import pick_trial, top_trials
+from autocompress.compare import run_compare
 from autocompress.config.build import run_spec_from_dict
 from autocompress.config.schema import LagrangianSettings
 from autocompress.errors import ConfigError
