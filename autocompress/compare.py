@@ -51,7 +51,7 @@ from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
 from autocompress.io import RUN_TRIALS, check_writable, log, write_json, write_parquet
 from autocompress.quality.tasks import evaluation_paths
-from autocompress.results.store import load_run
+from autocompress.results.store import load_run, selection_quality
 
 # --------------------------------------------------------------------------- stages, reused when their key is unchanged
 
@@ -116,7 +116,7 @@ def autocompress_probe_stage(job: CompareJob, ctx: Context, candidates: pd.DataF
 
     rows = _run_probe(job, ctx, {t: writer(t) for t in candidates["trial_id"]}, out.parent / ".probe")
     before = candidates.set_index("trial_id")
-    quality = "kl_select" if "kl_select" in before and before["kl_select"].notna().any() else "kl"
+    quality = selection_quality(before)
     for r in rows:
         r["kl_select"] = float(before.loc[r["candidate"], quality])
         r["params"] = int(before.loc[r["candidate"], "params"])

@@ -14,7 +14,7 @@ from autocompress.baselines.comparison import CompareJob
 from autocompress.config.metrics import Constraint
 from autocompress.config.schema import RunSpec
 from autocompress.errors import ConfigError
-from autocompress.results.store import load_run
+from autocompress.results.store import load_run, selection_quality
 
 
 @dataclass
@@ -51,14 +51,14 @@ def pick_trial(trials: pd.DataFrame, trial: str | None, run_dir: Path) -> dict[s
         return dict(rows.iloc[0])
     if ok.empty:
         raise ConfigError(f"{run_dir} has no feasible trial; run more searches (sweep.num_trials) or loosen the constraints")
-    quality = "kl_select" if "kl_select" in ok and ok["kl_select"].notna().any() else "kl"  # runs made before the split: kl
+    quality = selection_quality(ok)  # runs made before the split: kl
     return dict(ok.loc[ok[quality].idxmin()])
 
 
 def top_trials(trials: pd.DataFrame, n: int) -> pd.DataFrame:
     """The feasible finished trials with the `n` lowest selection-split KLs, one per architecture (compare.probe's candidates)."""
     ok = trials[(trials["status"] == "ok") & trials["feasible"]]
-    quality = "kl_select" if "kl_select" in ok and ok["kl_select"].notna().any() else "kl"
+    quality = selection_quality(ok)
     return ok.sort_values([quality, "trial_id"]).drop_duplicates("architecture").head(n)
 
 

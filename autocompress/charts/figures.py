@@ -24,7 +24,7 @@ import pandas as pd
 from autocompress.arch.space import Architecture
 from autocompress.config.metrics import Constraint
 from autocompress.results.pareto import COST_DIRECTIONS, pareto_mask
-from autocompress.results.store import Run, layers
+from autocompress.results.store import Run, layers, selection_quality
 
 COST_LABELS: dict[str, str] = {
     "ttft_ms": "TTFT (ms)",
@@ -262,11 +262,6 @@ def run_architectures(run: Run, limit: int = 12) -> ArchitectureInfo:
         labels.insert(0, f"base model, {fmt_params(base.num_params())}, d={base.hidden_size}")
         archs.insert(0, base.to_json())
     return architecture_info(labels, archs, base)
-
-
-def selection_quality(df: pd.DataFrame) -> str:
-    """The column that picks among trials: `kl_select` (selection split), or `kl` for runs recorded before it existed."""
-    return "kl_select" if "kl_select" in df.columns and df["kl_select"].notna().any() else "kl"
 
 
 def best_point(run: Run) -> pd.Series | None:

@@ -158,6 +158,11 @@ class Run:
         return {m: Constraint(m, float(b["value"])) for m, b in raw.items()}
 
 
+def selection_quality(df: pd.DataFrame) -> str:
+    """The column that picks among trials: `kl_select` (selection split), or `kl` for runs recorded before it existed."""
+    return "kl_select" if "kl_select" in df.columns and df["kl_select"].notna().any() else "kl"
+
+
 def typed(df: pd.DataFrame) -> pd.DataFrame:
     """`df` with the documented dtypes on the schema's columns (front_* as bool); other columns untouched."""
     out = df.copy()
