@@ -24,7 +24,7 @@ from pathlib import Path
 from autocompress.config.build import build
 from autocompress.config.schema import ModelSpec
 from autocompress.errors import ConfigError
-from autocompress.quality.evaluation import EvalSpec, evaluate_lm_eval, evaluate_model, table, write_result
+from autocompress.quality.evaluation import EvalSpec, corpus_path, evaluate_lm_eval, evaluate_model, table, write_result
 
 # --------------------------------------------------------------------------- entry point
 
@@ -70,6 +70,8 @@ def _evaluate_command(args: list[str]) -> None:
     check_writable(out, "out")  # before the evaluation, not after it
     if overwrite == "false" and any((out / name).exists() for name in ("eval.json", "scores.parquet", "items.parquet")):
         raise ConfigError(f"out={out} already holds an evaluation; give another out=DIR or overwrite=true to replace it")
+    if spec.source != "lm-eval":
+        corpus_path(spec)  # a missing, empty or binary corpus is refused before the model loads, not after the benchmarks
     if spec.source == "lm-eval":
         result = evaluate_lm_eval(target, spec)
     else:

@@ -41,6 +41,9 @@ ROWS = [
     ("evaluate", ["base", "out={tmp}/new", "overwrite=maybe"], "overwrite=maybe: expected true or false"),
     ("evaluate", ["base", "out={tmp}/new", "evaluate.exclude=[500]"], "evaluate.exclude[0] must be a string"),
     ("evaluate", ["base", "out={tmp}/new", "evaluate.exclude=[abc]"], "not LIMIT:SEED"),
+    ("evaluate", ["base", "out={tmp}/new", "evaluate.corpus={tmp}/blob.bin"], "is not UTF-8 text (binary data)"),
+    ("evaluate", ["base", "out={tmp}/new", "evaluate.corpus={tmp}/empty.txt"], "is empty; point evaluate.corpus at a text file"),
+    ("evaluate", ["base", "out={tmp}/new", "evaluate.corpus={tmp}/nope.txt"], "nope.txt is missing"),
     ("export", ["{tmp}/pareto.parquet", "index=0", "out={tmp}/x", "vllm=true", "verify=false"], "drop verify=false"),
     ("export", ["{tmp}/pareto.parquet", "index=0", "out="], "give exactly one of trial=ID or index=N, and out=DIR"),
 ]
@@ -112,6 +115,8 @@ def test_command_line_refusals(
     (tmp_path / "done").mkdir()
     (tmp_path / "done" / "eval.json").write_text("{}")
     (tmp_path / "pareto.parquet").write_bytes(b"")
+    (tmp_path / "blob.bin").write_bytes(bytes(range(256)) * 64)
+    (tmp_path / "empty.txt").write_text("  \n")
     before = sorted(tmp_path.rglob("*"))
     args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     if command in HYDRA:

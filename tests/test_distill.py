@@ -100,6 +100,13 @@ def test_too_little_text_names_the_distillation_settings(tiny_model: Any, studen
         distill(student, tmp_path / "out", tiny_model, ByteTokenizer(), DATA, too_many, progress=False)
 
 
+def test_windows_longer_than_the_teachers_positions_are_refused_first(tiny_model: Any, student: Path, tmp_path: Path) -> None:
+    long = dataclasses.replace(SPEC, seq_len=tiny_model.config.max_position_embeddings + 1)
+    with pytest.raises(ConfigError, match=r"distill\.seq_len=2049 is longer than the teacher's 2048 positions"):
+        distill(student, tmp_path / "out", tiny_model, ByteTokenizer(), DATA, long, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
 class Interrupt(Exception):
     pass
 

@@ -275,3 +275,10 @@ def test_the_start_names_the_base_costs_and_warns_when_nothing_needs_pruning(cap
     prepare(compose_spec("+scenario=cpu_interactive", *TINY_CPU), progress=False)  # 0.97x / 0.9x: the base misses both
     err = capsys.readouterr().err
     assert ": missed)" in err and "already meets every bound" not in err
+
+
+def test_windows_longer_than_the_models_positions_are_refused_before_the_data() -> None:
+    from autocompress.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"data\.seq_len=4096 is longer than the model's 2048 positions"):
+        prepare(compose_spec("+scenario=cpu_interactive", *TINY_CPU, "data.seq_len=4096"), progress=False)

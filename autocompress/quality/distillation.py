@@ -284,6 +284,9 @@ def distill(
     if spec.threads:
         torch.set_num_threads(spec.threads)
     steps, b = spec.steps, spec.batch_size
+    limit = getattr(teacher.config, "max_position_embeddings", None)
+    if isinstance(limit, int) and spec.seq_len > limit:  # before any text is read or a step is taken
+        raise ConfigError(f"distill.seq_len={spec.seq_len} is longer than the teacher's {limit} positions; use <= {limit}")
     tokens = load_token_data(  # trains on the calibration split, measures on the report split (documents no search selected on)
         dataclasses.replace(data, seq_len=spec.seq_len, calib_sequences=steps * b, report_sequences=spec.eval_sequences),
         tokenizer,

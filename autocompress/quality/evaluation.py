@@ -131,6 +131,7 @@ def corpus_perplexity(model: Any, tokenizer: Any, path: Path, spec: EvalSpec, pr
 
 
 def corpus_path(spec: EvalSpec) -> Path | None:
+    """The perplexity corpus, checked before any scoring: a file that exists and holds text (not empty, not binary)."""
     if spec.corpus is None:
         return None
     path = Path(spec.corpus)
@@ -140,6 +141,12 @@ def corpus_path(spec: EvalSpec) -> Path | None:
             f"corpus file {path} is missing; point evaluate.corpus at a text file (or evaluate.data_dir), "
             "or skip it with evaluate.corpus=null"
         )
+    with path.open("rb") as fh:
+        head = fh.read(1 << 16)
+    if not head.strip():
+        raise ConfigError(f"corpus file {path} is empty; point evaluate.corpus at a text file, or skip it with evaluate.corpus=null")
+    if b"\0" in head or head.decode("utf-8", errors="replace").count("\ufffd") > len(head) // 100:
+        raise ConfigError(f"corpus file {path} is not UTF-8 text (binary data); point evaluate.corpus at a text file")
     return path
 
 

@@ -16,7 +16,7 @@ from autocompress.arch.space import Architecture, SearchSpace
 from autocompress.config.metrics import Constraint
 from autocompress.config.schema import RunSpec, Scenario
 from autocompress.cost import CostModel, get_cost_model
-from autocompress.errors import InfeasibleError
+from autocompress.errors import ConfigError, InfeasibleError
 from autocompress.io import log
 from autocompress.model.base import BaseModel, load_base_model
 from autocompress.model.data import load_token_data
@@ -56,6 +56,13 @@ def constraints_line(scenario: Scenario, constraints: tuple[Constraint, ...], ba
         met = "met" if c.satisfied(base_costs[c.metric]) else "missed"
         parts.append(f"{raw.describe()} -> {c.value:.4g} (base model {base_costs[c.metric]:.4g}: {met})")
     return "constraints: " + ", ".join(parts)
+
+
+def check_positions(seq_len: int, config: Any, key: str) -> None:
+    """ConfigError when windows of `seq_len` tokens are longer than the model has positions for (before any data is read)."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int) and seq_len > limit:
+        raise ConfigError(f"{key}={seq_len} is longer than the model's {limit} positions (max_position_embeddings); use <= {limit}")
 
 
 def check_space(base: Architecture, space: SearchSpace) -> None:
@@ -123,6 +130,7 @@ def prepare(spec: RunSpec, progress: bool = True, on_checked: Callable[[], Any] 
     """
     start = time.time()
     base_model = load_base_model(spec.model)
+    check_positions(spec.data.seq_len, base_model.model.config, "data.seq_len")
     base = Architecture.from_llama_config(base_model.model.config)
     space = SearchSpace.from_base(base, spec.search.space)
     check_space(base, space)
