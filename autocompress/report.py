@@ -140,7 +140,16 @@ def draw_run(run: Run, out: Path, prefix: str) -> list[tuple[str, Path]]:
 
 
 def run_section(run: Run, figures: list[tuple[str, Path]], out: Path) -> str:
-    lines = [f"## {run.label}", "", *describe_run(run), "", "Points on the joint Pareto front (KL against every cost), best KL first:", ""]
+    lines = [
+        f"## {run.label}",
+        "",
+        *describe_run(run),
+        "",
+        "Points on the joint Pareto front (KL against every cost), best KL first; `index` is what "
+        f"`python -m autocompress.export {run.path / 'pareto.parquet'} index=N` takes; `same_as` names an earlier point "
+        "with the same architecture:",
+        "",
+    ]
     table = pareto_table(run)
     lines.append(markdown_table(table) if len(table) else "_No feasible trial: relax the constraints or widen the sweep._")
     for caption, path in figures:

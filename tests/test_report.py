@@ -182,6 +182,10 @@ def test_tables(tmp_path: Path) -> None:
     table = figures.pareto_table(run)
     assert list(table["trial_id"]) == ["t_00001", "t_00000", "t_00004"]
     assert {"point", "kl", "perplexity", "accuracy_mmlu", "measured_ttft_ms", *COST_DIRECTIONS} <= set(table.columns)
+    for _, row in table.iterrows():  # `index` is the pareto.parquet row that export's index= takes
+        assert run.pareto.iloc[int(row["index"])]["trial_id"] == row["trial_id"]
+    same = table.set_index("trial_id")["same_as"]  # t_00000 found t_00001's shape (the default _row architecture)
+    assert same["t_00000"] == table.set_index("trial_id").loc["t_00001", "point"] and same["t_00001"] == same["t_00004"] == ""
     summary = figures.summary_table([run])
     assert summary.loc[0, ["trials", "finished", "feasible"]].tolist() == [6, 5, 4]
     assert summary.loc[0, "best_kl"] == 0.3 and summary.loc[0, "ttft_ms_share"] == pytest.approx(12.0 / 25.0)

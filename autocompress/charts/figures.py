@@ -236,7 +236,8 @@ def base_architecture(run: Run) -> Architecture | None:
 
 def chosen_points(run: Run, limit: int = 12) -> pd.DataFrame:
     """The joint-front points of a run, best quality first; at most `limit`, spread over the front."""
-    front = run.pareto[run.pareto["front_all"].astype(bool) & ~is_baseline(run.pareto)] if len(run.pareto) else run.pareto
+    pareto = run.pareto.assign(index=np.arange(len(run.pareto)))  # the row `export <run>/pareto.parquet index=N` takes
+    front = pareto[pareto["front_all"].astype(bool) & ~is_baseline(pareto)] if len(pareto) else pareto
     later = [c for c in run.trials.columns if c not in front.columns]  # e.g. measured costs written to trials only
     front = front.merge(run.trials[["trial_id", *later]], on="trial_id", how="left") if later else front
     front = front.sort_values(selection_quality(front)).reset_index(drop=True)
@@ -313,9 +314,12 @@ def pareto_table(run: Run) -> pd.DataFrame:
         cols = ["trial_id", "margin", "params", *HYBRID_COLUMNS, "kl", *extra]
     else:
         cols = ["trial_id", "margin", "dual_lr", "params", "hidden_size", "num_attention_kept", "num_ffn_kept", "kl", *extra]
-    table = front[[*cols, *COST_DIRECTIONS, *measured]].copy()
+    table = front[["index", *cols, *COST_DIRECTIONS, *measured]].copy()
     names = point_names(run)
     table.insert(0, "point", [names.get(str(t), str(t)) for t in table["trial_id"]])
+    if "architecture" in front.columns:  # two trials that found the same shape: the later rows name the first
+        first = front.groupby("architecture", sort=False)["trial_id"].transform("first").astype(str)
+        table["same_as"] = [names.get(f, f) if f != str(t) else "" for f, t in zip(first, front["trial_id"], strict=True)]
     return table.reset_index(drop=True)
 
 
