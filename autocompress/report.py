@@ -89,6 +89,15 @@ def terminal_table(table: pd.DataFrame) -> str:
 # --------------------------------------------------------------------------- one run
 
 
+def cost_model_name(recorded: object) -> str:
+    """One line for the cost model a run recorded: its id, and a fitted model's file by name (no local path, no dict)."""
+    if not isinstance(recorded, dict):
+        return str(recorded)
+    name = str(recorded.get("id", "?"))
+    file = recorded.get("file")
+    return f"{name}, fitted: {Path(str(file)).name}" if file else name
+
+
 def describe_run(run: Run) -> list[str]:
     """Markdown lines: what the run optimised for and how its trials ended."""
     meta, spec = run.metadata, run.spec
@@ -101,7 +110,7 @@ def describe_run(run: Run) -> list[str]:
         )
     base_params = meta.get("base_params")
     size = f" ({base_params / 1e6:.1f}M parameters)" if base_params else ""
-    cost_model = f"; cost model {meta['cost_model']}" if meta.get("cost_model") else ""
+    cost_model = f"; cost model `{cost_model_name(meta['cost_model'])}`" if meta.get("cost_model") else ""
     lines.append(f"- model: {meta.get('model', '?')}{size}{cost_model}")
     bounds = []
     for metric, c in run.constraints.items():

@@ -299,3 +299,11 @@ def test_truncated_parquet_is_one_clear_line(tiny_run: Path, tmp_path: Path, nam
         assert out.returncode == 2 and len(errors) == 1 and f"{name} cannot be read" in errors[0], out.stderr[-2000:]
         assert "Traceback" not in out.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_the_cost_model_is_named_in_one_line_without_a_local_path() -> None:
+    from autocompress.report import cost_model_name
+
+    fitted = {"id": "fitted/cpu/v1", "file": "/home/me/results/cost_models/cpu__vllm-cpu.json", "parameters": {"a": 1.0}}
+    assert cost_model_name(fitted) == "fitted/cpu/v1, fitted: cpu__vllm-cpu.json"
+    assert cost_model_name({"id": "analytic/h100_sxm/v1"}) == "analytic/h100_sxm/v1" and cost_model_name("x") == "x"
