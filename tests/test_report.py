@@ -307,3 +307,17 @@ def test_the_cost_model_is_named_in_one_line_without_a_local_path() -> None:
     fitted = {"id": "fitted/cpu/v1", "file": "/home/me/results/cost_models/cpu__vllm-cpu.json", "parameters": {"a": 1.0}}
     assert cost_model_name(fitted) == "fitted/cpu/v1, fitted: cpu__vllm-cpu.json"
     assert cost_model_name({"id": "analytic/h100_sxm/v1"}) == "analytic/h100_sxm/v1" and cost_model_name("x") == "x"
+
+
+def test_perplexity_goes_on_a_log_axis_when_the_base_model_sits_far_below() -> None:
+    from autocompress.charts.figures import ParetoInfo
+    from autocompress.charts.plots import log_quality_axis
+
+    points = pd.DataFrame({"quality": [900.0, 1750.0]})
+    empty = pd.DataFrame()
+
+    def info(quality: str, base: float | None) -> ParetoInfo:
+        return ParetoInfo(quality, "ttft_ms", points, empty, empty, empty, empty, None, (1.0, base), None)
+
+    assert log_quality_axis(info("perplexity", 11.6))  # the trials alone span 2x; the base's 11.6 makes it 150x
+    assert not log_quality_axis(info("perplexity", None)) and not log_quality_axis(info("kl", 11.6))

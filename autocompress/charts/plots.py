@@ -142,14 +142,22 @@ def _title(info: ParetoInfo) -> str:
     return title
 
 
+def log_quality_axis(info: ParetoInfo) -> bool:
+    """Perplexity on a log axis when its values (the unpruned model's marker included) span more than 20x: a linear axis
+    flattens the base model's ~12 against pruned models' ~1,000."""
+    q = [float(v) for v in info.points["quality"]]
+    if info.base is not None and info.base[1] is not None:
+        q.append(float(info.base[1]))
+    return info.quality == "perplexity" and bool(q) and min(q) > 0 and max(q) / min(q) > 20
+
+
 def _label_axes(ax: Any, info: ParetoInfo) -> None:
     from matplotlib.ticker import FuncFormatter, ScalarFormatter
 
     ax.set_xlabel(COST_LABELS.get(info.cost, info.cost))
     ax.set_ylabel(quality_label(info.quality))
     ax.set_title(_title(info), fontsize=10)
-    q = info.points["quality"]
-    if info.quality == "perplexity" and len(q) and q.min() > 0 and q.max() / q.min() > 20:
+    if log_quality_axis(info):
         ax.set_yscale("log")
     if max(abs(x) for x in ax.get_xlim()) >= 10_000:
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_number(v)))
