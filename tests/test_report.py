@@ -317,7 +317,7 @@ def test_perplexity_goes_on_a_log_axis_when_the_base_model_sits_far_below() -> N
     empty = pd.DataFrame()
 
     def info(quality: str, base: float | None) -> ParetoInfo:
-        return ParetoInfo(quality, "ttft_ms", points, empty, empty, empty, empty, None, (1.0, base), None)
+        return ParetoInfo(quality, "ttft_ms", points, empty, empty, empty, empty, None, (1.0, base), None, True, True)
 
     assert log_quality_axis(info("perplexity", 11.6))  # the trials alone span 2x; the base's 11.6 makes it 150x
     assert not log_quality_axis(info("perplexity", None)) and not log_quality_axis(info("kl", 11.6))
