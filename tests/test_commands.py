@@ -24,15 +24,26 @@ def _raise(exc: BaseException) -> None:
         (Interrupted("3 of 8 trials recorded; finish the run with resume=R"), 130, "interrupted: 3 of 8 trials recorded"),
     ],
 )
-def test_guarded_maps_each_ending(exc: BaseException | None, code: int, line: str | None, capsys: pytest.CaptureFixture[str]) -> None:
+def test_guarded_maps_each_ending(
+    exc: BaseException | None, code: int, line: str | None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+
+    handlers: list[object] = []
+    monkeypatch.setattr(signal, "signal", lambda sig, handler: handlers.append((sig, handler)))
     assert guarded(lambda: None if exc is None else _raise(exc), usage="usage: cmd FOLDER") == code
     err = capsys.readouterr().err
     assert (err == "") if line is None else err.startswith(line)
     assert "Traceback" not in err
+    # after an interruption, more Ctrl-C during the shutdown is ignored (no KeyboardInterrupt traceback from Ray's atexit)
+    assert handlers == ([(signal.SIGINT, signal.SIG_IGN)] if code == 130 else [])
 
 
 def test_a_hydra_task_and_an_argv_command_exit_alike(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+
     monkeypatch.setattr(cliargs, "_TASK_STARTED", False)  # the tasks below set it; later tests see it as it was
+    monkeypatch.setattr(signal, "signal", lambda sig, handler: None)  # the test process keeps its own Ctrl-C
     with pytest.raises(SystemExit) as stop:
         task("kept: x")(lambda: _raise(ConfigError("scenario missing: add +scenario=NAME")))()
     assert stop.value.code == 2

@@ -230,6 +230,7 @@ def test_ctrl_c_is_one_line_that_says_how_to_resume(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(distill_mod, "distill", ctrl_c)
+    monkeypatch.setattr("signal.signal", lambda sig, handler: None)  # the test process keeps its own Ctrl-C
     assert main([str(student), f"out={out}", "model=tiny_llama"]) == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("interrupted: distillation into") and str(work_dir(out)) in err[0]

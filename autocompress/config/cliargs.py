@@ -46,9 +46,20 @@ def guarded(body: Callable[[], Any], usage: str | None = None, interrupted: str 
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
+        _ignore_further_interrupts()  # more Ctrl-C while Ray and the engines shut down: no traceback after this line
         print(f"interrupted: {str(exc) or interrupted}", file=sys.stderr)
         return 130
     return 0
+
+
+def _ignore_further_interrupts() -> None:
+    """The command has stopped and says so; further Ctrl-C (users press it again and again) must not break the shutdown
+    that follows (Ray's atexit handlers) with a KeyboardInterrupt traceback and exit 1."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class _HeldStderr:
