@@ -29,7 +29,7 @@ import pandas as pd
 from autocompress.arch.space import Architecture
 from autocompress.cluster import init_ray
 from autocompress.config.cliargs import guarded
-from autocompress.config.metrics import Constraint
+from autocompress.config.metrics import TIMED, Constraint
 from autocompress.config.schema import RunSpec
 from autocompress.cost.engine import measure_many, measured_metrics, measured_spreads, require_vllm, settings_for
 from autocompress.errors import ConfigError
@@ -181,16 +181,16 @@ def estimate(path: Path, out: Path | None = None) -> pd.DataFrame:
             found[str(tid)] = cols | {"feasible_estimated": False}
             continue
         served = est.served(arch, wl, batch, hw)
-        cols |= {f"estimated_{k}": served[k] for k in ("ttft_ms", "tpot_ms", "throughput_tok_s")}
+        cols |= {f"estimated_{k}": served[k] for k in TIMED}
         judged = [c for c in constraints if f"estimated_{c.metric}" in cols]
         cols |= {f"estimated_bound_{c.metric}": c.value for c in judged}
         cols["feasible_estimated"] = all(c.satisfied(cols[f"estimated_{c.metric}"]) for c in judged)
         found[str(tid)] = cols
     saved = _save(found, out, "estimated.parquet")
     result = _merge(table, found)
-    shown = ["trial_id"] + [c for m in ("ttft_ms", "tpot_ms", "throughput_tok_s") for c in (m, f"estimated_{m}") if c in result]
+    shown = ["trial_id"] + [c for m in TIMED for c in (m, f"estimated_{m}") if c in result]
     print(result[[*shown, "feasible", "feasible_estimated"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    unjudged = sorted({c.metric for c in constraints} - {"ttft_ms", "tpot_ms", "throughput_tok_s"})
+    unjudged = sorted({c.metric for c in constraints} - set(TIMED))
     note = f" (not estimated, judged by the cost model only: {', '.join(unjudged)})" if unjudged else ""
     print(f"\nfeasible under {est.source}: {int(result['feasible_estimated'].sum())}/{len(result)}{note}")
     print(f"estimated: {saved} (the sweep's tables are unchanged; report and export read it)")
@@ -208,7 +208,7 @@ def _line(cols: dict[str, Any]) -> str:
 
 def print_table(frame: pd.DataFrame) -> None:
     cols = ["trial_id"]
-    for metric in ("ttft_ms", "tpot_ms", "throughput_tok_s"):
+    for metric in TIMED:
         if f"measured_{metric}" in frame:
             cols += [metric, f"measured_{metric}"]
     cols += [c for c in ("feasible", "feasible_measured", "feasible_within_noise") if c in frame]

@@ -20,6 +20,9 @@ METRICS: dict[str, str] = {
     "throughput_tok_s": "min",
     "memory_gib": "max",
 }
+TIMED = ("ttft_ms", "tpot_ms", "throughput_tok_s")  # the metrics a serving engine times (verify's estimates cover these)
+ENGINE_MEASURED = (*TIMED, "kv_capacity_tokens")  # what profiling measures in the engine and a fit is validated on
+PREDICTED = (*METRICS, "kv_capacity_tokens")  # what a cost model predicts
 # The valid range of a bound: a multiple of the base model's cost ('NUMx'), or an absolute one in the metric's unit (ms,
 # tokens/s, GiB). Outside it the search's cost / bound ratios overflow float32 (1e-300, 1e308) and every trial ends NaN.
 RELATIVE_RANGE = (1e-3, 1e3)

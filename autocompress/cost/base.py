@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch
 
 from autocompress.arch.space import Architecture, SearchSpace
-from autocompress.config.metrics import Constraint
+from autocompress.config.metrics import METRICS, PREDICTED, Constraint
 
-COST_KEYS = ("ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gib")  # what constraints bound
-PREDICTED_KEYS = (*COST_KEYS, "kv_capacity_tokens")  # what a cost model predicts
+COST_KEYS = tuple(METRICS)  # what constraints bound (config.metrics: the one metric table)
+PREDICTED_KEYS = PREDICTED  # what a cost model predicts
 
 
 @dataclass

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from autocompress.arch.space import Architecture, SearchSpace, uniform_shrink
 from autocompress.cluster import init_ray
 from autocompress.config.cpuinfo import identity
+from autocompress.config.metrics import ENGINE_MEASURED
 from autocompress.config.schema import Hardware, RunSpec, Workload
 from autocompress.cost.engine import EngineSettings, arch_id, measure_many
 from autocompress.cost.fitted import (
@@ -37,7 +38,7 @@ from autocompress.io import log, write_parquet
 from autocompress.model.base import load_base_model
 from autocompress.model.decilm import vllm_limitation
 
-MEASURED = ("ttft_ms", "tpot_ms", "throughput_tok_s", "kv_capacity_tokens")
+MEASURED = ENGINE_MEASURED  # what a profiling wave measures (config.metrics)
 
 
 # --------------------------------------------------------------------------- design of experiments

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from autocompress.arch.space import Architecture, SearchSpace
+from autocompress.config.metrics import ENGINE_MEASURED
 from autocompress.config.schema import Hardware, Workload
 from autocompress.cost.analytic import AnalyticCostModel
 from autocompress.cost.base import ArchDistribution, CostModel
@@ -51,7 +52,7 @@ UPPER = {  # upper bounds of the fit: efficiencies are shares of a peak
     "prefill_attn_eta": 1.0,
     "prefill_block_overhead_us": 1e6,
 }
-VALIDATED = ("ttft_ms", "tpot_ms", "throughput_tok_s", "kv_capacity_tokens")
+VALIDATED = ENGINE_MEASURED  # the fit is validated on what the engine measured (config.metrics)
 
 
 @dataclasses.dataclass

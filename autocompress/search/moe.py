@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from autocompress.arch.hybrid import HybridModel
 from autocompress.arch.moe_pruning import MAMBA, MoEImportance, MoEShape, hybrid_shapes, moe_importance, prune
-from autocompress.config.metrics import Constraint
+from autocompress.config.metrics import METRICS, Constraint
 from autocompress.config.schema import ModelSpec, RunSpec
 from autocompress.cost.hybrid import HybridCost, evaluate, hardware_terms
 from autocompress.io import log
@@ -248,7 +248,7 @@ def trial_columns(result: dict[str, Any], config: Any) -> dict[str, Any]:
         "mamba_layers": n - attention,
         "attention_layers": attention,
         "layers_kept": json.dumps(list(shape.layers)),
-        **{k: float(row[k]) for k in ("ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gib")},
+        **{k: float(row[k]) for k in METRICS},
     }
 
 
