@@ -7,7 +7,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,12 +51,21 @@ def check_writable(out: Path, key: str) -> None:
         raise ConfigError(f"{key}={out}: {anchor} cannot be written ({exc.strerror or exc}); choose a folder you can write") from exc
 
 
+def atomic_write(path: Path, write: Callable[[Path], object]) -> Path:
+    """`write(tmp)` into a temporary file beside `path`, then one rename: a reader sees the old file or the whole new one,
+    never half of it (the one home of the project's atomic file writes)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 def write_parquet(df: pd.DataFrame, path: Path) -> Path:
     """Write `df` to `path` atomically (temp file in the same folder, then rename)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
 
 
 def markdown(table: pd.DataFrame) -> str:
@@ -67,10 +76,7 @@ def markdown(table: pd.DataFrame) -> str:
 
 
 def write_text(text: str, path: Path) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def write_json(data: Mapping[str, Any], path: Path) -> Path:

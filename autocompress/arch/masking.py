@@ -55,12 +55,12 @@ class Ranking:
         """Write to `path` (safetensors) atomically."""
         from safetensors.torch import save_file
 
-        tmp = path.with_name(f".{path.name}.tmp")
+        from autocompress.io import atomic_write
+
         tensors = {"hidden": self.hidden.contiguous(), "ffn": self.ffn.contiguous()}
         if self.heads is not None:
             tensors["heads"] = self.heads.contiguous()
-        save_file(tensors, str(tmp))
-        tmp.replace(path)
+        atomic_write(path, lambda tmp: save_file(tensors, str(tmp)))
 
     @staticmethod
     def load(path: Path) -> Ranking:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from autocompress.charts.figures import COST_LABELS, ArchitectureInfo, ParetoInfo, cost_name, cost_unit, fmt_number, quality_label
+from autocompress.io import atomic_write
 
 NOOP_COLOR = "#d0d0d0"
 COLORS = {"infeasible": "#9e9e9e", "feasible": "#4c72b0", "front": "#c44e52", "measured": "#2a9d3f", "base": "black", "baseline": "#8c4fb0"}
@@ -24,10 +24,7 @@ def _figure(width: float, height: float) -> Any:
 
 def save(fig: Any, path: Path) -> Path:
     """Write `fig` as PNG to `path` atomically (temp name in the same folder, then rename)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fig.savefig(tmp, format="png")
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
 
 
 # --------------------------------------------------------------------------- quality against each cost

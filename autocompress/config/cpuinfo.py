@@ -115,9 +115,9 @@ def peaks(dtype: str = "fp32") -> dict[str, Any]:
         now = dt.datetime.now().isoformat(timespec="seconds")
         cached[dtype] = {**measure(dtype), "measured_at": now, "cpu": identity(), "other_load_per_core": round(load, 2)}
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps(cached, indent=2) + "\n")
-        os.replace(tmp, path)
+        from autocompress.io import write_text
+
+        write_text(json.dumps(cached, indent=2) + "\n", path)
     entry = cached[dtype]
     load = entry.get("other_load_per_core")
     if load is not None and load > BUSY:

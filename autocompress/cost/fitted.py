@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from autocompress.config.schema import Hardware, Workload
 from autocompress.cost.analytic import AnalyticCostModel
 from autocompress.cost.base import ArchDistribution, CostModel
 from autocompress.errors import ConfigError
+from autocompress.io import write_text
 
 FITTED = (
     "eta_compute",
@@ -271,10 +271,7 @@ def save_record(record: dict[str, Any], results_dir: str | Path) -> Path:
     versions = [int(p.stem.rsplit("__v", 1)[1]) for p in folder.glob(f"{stem}__v*.json")]
     record = {**record, "version": max(versions, default=0) + 1, "created": dt.datetime.now().isoformat(timespec="seconds")}
     path = folder / f"{stem}__v{record['version']}.json"
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_text(json.dumps(record, indent=2) + "\n", path)
 
 
 def records(results_dir: str | Path | None, hardware: str, engine: str) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from autocompress.config.schema import DataSpec
 from autocompress.errors import ConfigError
+from autocompress.io import atomic_write
 from autocompress.io import log as log_line
 from autocompress.model.data import load_token_data
 from autocompress.quality.tasks import evaluation_paths
@@ -200,18 +201,17 @@ def fingerprint(student_dir: Path, spec: DistillSpec, data: DataSpec, teacher: A
 
 
 def _save_state(path: Path, state: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 def _write_log(path: Path, log: list[dict[str, float]]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with tmp.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(log[0]) if log else ["step"])
-        writer.writeheader()
-        writer.writerows(log)
-    os.replace(tmp, path)
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(log[0]) if log else ["step"])
+            writer.writeheader()
+            writer.writerows(log)
+
+    atomic_write(path, write)
 
 
 def _load_state(work: Path, expected: dict[str, Any], discard_stale: bool = False) -> dict[str, Any] | None:
