@@ -171,50 +171,61 @@ def _pick_context(job: CompareJob, ctx: Context, name: str, out: Path) -> Any:
 
 
 def baseline_stage(job: CompareJob, ctx: Context, name: str, out: Path) -> None:
-    """A registered baseline's pick (autocompress.baselines.interface), its checkpoint, its tables and `<name>.json`."""
-    from autocompress.arch.importance import teacher_hidden
-    from autocompress.arch.masking import MaskedModel
+    """A registered baseline's pick (autocompress.baselines.interface), its checkpoint, its tables and `<name>.json`; with
+    compare.runner_up its runner-up's checkpoint and record too, made the same way."""
     from autocompress.baselines.interface import BASELINES
-    from autocompress.baselines.minitron import write_checkpoint
-    from autocompress.search.differentiable import evaluate
 
     pick = BASELINES[name].pick(_pick_context(job, ctx, name, out), getattr(job.compare, name))
-    report = ctx.data.report
-    if pick.report is None or pick.write is None:  # the teacher sliced and masked by the pick's ranking
-        if pick.ranking is None:
-            raise TypeError(f"baseline {name!r}: a pick without a ranking must write its checkpoint and report its KL itself")
-        ranking = pick.ranking
-    if pick.report is not None:
-        kl_report, ppl_report = pick.report(report)
-    else:
-        masked = MaskedModel(ctx.model, ctx.space, ranking)
-        kl_report, ppl_report = evaluate(ctx.model, masked, pick.arch, report, teacher_hidden(ctx.model, report, desc="teacher (report)"))
-        masked.remove()
-    summary = pick.summary() | {"kl_report": kl_report, "perplexity_report": ppl_report}
+    report = _ReportSplit(ctx)
+    summary = pick.summary()
     shape = pick.description or (
         f"Hidden {pick.arch.hidden_size}, attention per layer (KV heads, '-' = none) `{summary['attention']}`, "
         f"FFN widths {summary['ffn']}; {pick.arch.num_params():,} parameters; selection-split KL {pick.kl_select:.4f}"
     )
     title = f"# {ctx.spec.model.name}, pruned by the {pick.label} baseline for `{ctx.spec.scenario.name}`"
-    card = f"{title}\n\n{shape}; cost model `{ctx.cost_model.id}`."
     out.mkdir(parents=True, exist_ok=True)
-    if pick.write is not None:
-        pick.write(out / "pruned", card)
-    else:
-        write_checkpoint(ctx.model, ctx.tokenizer, ctx.space, ranking, pick.arch, out / "pruned", report[:4], card)
+    summary |= report.scored_and_written(name, pick, out / "pruned", f"{title}\n\n{shape}; cost model `{ctx.cost_model.id}`.")
     for table, frame in pick.tables.items():
         write_parquet(frame, out / f"{table}.parquet")
-    second = pick.runner_up
-    if second is not None:  # compare.runner_up: sliced, checked and recorded as the pick is
-        if second.ranking is None:
-            raise TypeError(f"baseline {name!r}: its runner-up has no ranking to slice by")
-        masked = MaskedModel(ctx.model, ctx.space, second.ranking)
-        kl2, ppl2 = evaluate(ctx.model, masked, second.arch, report, teacher_hidden(ctx.model, report, desc="teacher (report)"))
-        masked.remove()
-        summary["runner_up"] = second.summary() | {"kl_report": kl2, "perplexity_report": ppl2}
-        card2 = f"# {ctx.spec.model.name}, the {pick.label} baseline's runner-up for `{ctx.spec.scenario.name}`"
-        write_checkpoint(ctx.model, ctx.tokenizer, ctx.space, second.ranking, second.arch, out / "runner_up" / "pruned", report[:4], card2)
+    if pick.runner_up is not None:  # compare.runner_up
+        card = f"# {ctx.spec.model.name}, the {pick.label} baseline's runner-up for `{ctx.spec.scenario.name}`"
+        scores = report.scored_and_written(name, pick.runner_up, out / "runner_up" / "pruned", card)
+        summary["runner_up"] = pick.runner_up.summary() | scores
     write_json(summary, out / f"{name}.json")
+
+
+class _ReportSplit:
+    """A pick's report-split KL and perplexity and its checkpoint: the teacher sliced by the pick's ranking (or the pick's
+    own `report` / `write`); the teacher's report-split hidden states computed once for all the picks of a stage."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx, self.tokens = ctx, ctx.data.report
+        self._teacher: Any = None
+
+    def scored_and_written(self, name: str, pick: Any, folder: Path, card: str) -> dict[str, float]:
+        from autocompress.arch.importance import teacher_hidden
+        from autocompress.arch.masking import MaskedModel
+        from autocompress.baselines.minitron import write_checkpoint
+        from autocompress.search.differentiable import evaluate
+
+        ctx, ranking = self.ctx, pick.ranking
+        if ranking is None and (pick.report is None or pick.write is None):
+            raise TypeError(f"baseline {name!r}: a pick without a ranking must write its checkpoint and report its KL itself")
+        if pick.report is not None:
+            kl, ppl = pick.report(self.tokens)
+        else:
+            if self._teacher is None:
+                self._teacher = teacher_hidden(ctx.model, self.tokens, desc="teacher (report)")
+            masked = MaskedModel(ctx.model, ctx.space, ranking)
+            try:
+                kl, ppl = evaluate(ctx.model, masked, pick.arch, self.tokens, self._teacher)
+            finally:
+                masked.remove()
+        if pick.write is not None:
+            pick.write(folder, card)
+        else:
+            write_checkpoint(ctx.model, ctx.tokenizer, ctx.space, ranking, pick.arch, folder, self.tokens[:4], card)
+        return {"kl_report": kl, "perplexity_report": ppl}
 
 
 def test_stage(ctx: Context, path: str | Path | None, out: Path) -> None:
