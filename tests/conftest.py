@@ -22,7 +22,16 @@ ROOT = Path(__file__).resolve().parents[1]
 # work (its module fixtures run once), modules sharing a session fixture are one unit, and the heaviest units start
 # first, so that no worker is left alone with a long one at the end (serial: 1394 s, 2026-12-03). Then the tests
 # marked `timing` (tests/test_profile.py) run alone.
-HEAVY_FIRST = ("test_resume", "test_sweep", "test_moe_sweep", "test_verify", "test_cluster", "test_plan", "test_export")
+HEAVY_FIRST = (
+    "test_lm_eval_parity",
+    "test_resume",
+    "test_sweep",
+    "test_moe_sweep",
+    "test_verify",
+    "test_cluster",
+    "test_plan",
+    "test_export",
+)
 SHARED_UNIT = {"test_report": "test_sweep"}  # both read the session fixture `tiny_sweep`
 
 

@@ -107,7 +107,7 @@ def lm_eval_samples(smollm2: Any, tmp_path_factory: pytest.TempPathFactory) -> d
         norm = TASKS[task].headline == "acc_norm"  # as lm-eval's YAMLs: winogrande and lambada have acc only
         metrics = "metric_list:\n  - metric: acc\n" + ("  - metric: acc_norm\n" if norm else "")
         (tmp / f"parity_{task}.yaml").write_text(head + body + metrics)
-    lm = HFLM(pretrained=smollm2.model, tokenizer=smollm2.tokenizer, batch_size=16, max_length=2048)
+    lm = HFLM(pretrained=smollm2.model, tokenizer=smollm2.tokenizer, batch_size=64, max_length=2048)
     out = lm_eval.simple_evaluate(
         model=lm,
         tasks=[f"parity_{t}" for t in TEMPLATES],
