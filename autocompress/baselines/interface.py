@@ -143,10 +143,11 @@ def puzzletron_pick(ctx: PickContext, settings: Any) -> Pick:
         after = {int(r["candidate"]): r["kl_select_probe"] for r in rows}
         order = sorted(after, key=lambda i: (after[i], i))
         assert order[0] == int(chosen(rows))
-        notes["probe"] = [{"candidate": i, "mip_rank": i, "kl_select": candidates[i][1], "kl_select_probe": after[i]} for i in after]
+        # candidate i is the MIP's (i + 1)-th best choice
+        notes["probe"] = [{"candidate": i, "kl_select": candidates[i][1], "kl_select_probe": after[i]} for i in after]
     (arch, kl), label = candidates[order[0]], puzzletron.LABEL
-    if order[0] != 0:
-        notes["blocks"] = puzzletron.block_shape(arch)  # the probe's pick, not the MIP's first
+    if order[0] != 0:  # the probe's pick, not the MIP's first: its shape and costs (`solves` stay the first choice's)
+        notes |= {"blocks": puzzletron.block_shape(arch), "costs": ctx.cost_model.predict(arch)}
     second = None
     if ctx.runner_up and len(order) > 1:
         second = Pick(candidates[order[1]][0], res.ranking, f"{label}, runner-up", candidates[order[1]][1], asdict(settings))
