@@ -323,7 +323,7 @@ def _runner_ups(job: CompareJob, ctx: Context, out: Path, stages: Stages, models
     """compare.runner_up: each method's second by its own selection score, through the same slicing (made with its pick)."""
     from autocompress.checkpoints.pipeline import ExportRequest, export
 
-    seconds = []
+    found: list[Model] = []
     for m in models:
         if m.name == "autocompress":
             probed = out / "autocompress" / "probe.json"
@@ -341,7 +341,7 @@ def _runner_ups(job: CompareJob, ctx: Context, out: Path, stages: Stages, models
             key = {"trial": trial, "architecture": row["architecture"]}
             stages.run("autocompress/runner_up/pruned", key, request.out, partial(export, request))
             arch = arch_of(ctx, row["architecture"])
-            seconds.append(Model("autocompress/runner_up", arch, ctx.cost_model.predict(arch), float(row["kl"]), label=str(trial)))
+            found.append(Model("autocompress/runner_up", arch, ctx.cost_model.predict(arch), float(row["kl"]), label=str(trial)))
             continue
         done = json.loads((out / m.name / f"{m.name}.json").read_text()).get("runner_up")
         if done is None:
@@ -349,8 +349,8 @@ def _runner_ups(job: CompareJob, ctx: Context, out: Path, stages: Stages, models
             continue
         arch = arch_of(ctx, done["architecture"])
         label = done.get("table_label", done["label"])
-        seconds.append(Model(f"{m.name}/runner_up", arch, ctx.cost_model.predict(arch), float(done["kl_report"]), label=label))
-    return seconds
+        found.append(Model(f"{m.name}/runner_up", arch, ctx.cost_model.predict(arch), float(done["kl_report"]), label=label))
+    return found
 
 
 def _models(job: CompareJob, ctx: Context, out: Path, stages: Stages) -> list[Model]:
@@ -424,11 +424,11 @@ def run_compare(job: CompareJob, config_yaml: str = "") -> Path:
     job = dataclasses.replace(job, compare=dataclasses.replace(job.compare, probe=probe, methods=methods))
     timings["prepare"] = time.time() - start
     models = _models(job, ctx, out, stages)
-    seconds = _runner_ups(job, ctx, out, stages, models) if job.compare.runner_up else []
-    base = _distill_and_evaluate(job, ctx, out, stages, [*models, *seconds])
+    runner_ups = _runner_ups(job, ctx, out, stages, models) if job.compare.runner_up else []
+    base = _distill_and_evaluate(job, ctx, out, stages, [*models, *runner_ups])
     note = measure_costs(job, ctx, [base, *models], out, stages)
     timings |= stages.seconds
-    write_outputs(job, ctx, out, [base, *models], note, timings, seconds)
+    write_outputs(job, ctx, out, [base, *models], note, timings, runner_ups)
     return out
 
 

@@ -35,11 +35,11 @@ RECORDED = (  # what compare.json keeps of each baseline's <name>.json (what the
 
 
 def write_outputs(
-    job: CompareJob, ctx: Context, out: Path, models: list[Model], note: str, timings: dict[str, Any], seconds: list[Model] | None = None
+    job: CompareJob, ctx: Context, out: Path, models: list[Model], note: str, timings: dict[str, Any], runner_ups: list[Model] | None = None
 ) -> None:
     """compare.parquet (one row per model, runner-ups included), diffs, compare.md and compare.json."""
-    seconds = seconds or []
-    frame = pd.DataFrame([model_row(m, ctx.constraints) for m in [*models, *seconds]])
+    shown = runner_ups or []  # each method's second by its own selection score, shown beside it
+    frame = pd.DataFrame([model_row(m, ctx.constraints) for m in [*models, *shown]])
     ac, others = models[1], {m.name: m for m in models[2:]}
     diffs = {
         name: paired_bootstrap([r.items for r in ac.results], [r.items for r in m.results], job.compare.bootstrap, job.compare.seed)
@@ -61,8 +61,8 @@ def write_outputs(
         done = json.loads((out / name / f"{name}.json").read_text())
         recorded = {k: done[k] for k in RECORDED if k in done}
         baselines[name] = {"params": m.arch.num_params(), "average": 100 * m.score("average"), **recorded, **_test_means(m)}
-    runner_ups = {m.name.split("/")[0]: _runner_up_entry(m) for m in seconds}
-    for name, entry in runner_ups.items():
+    second_of = {m.name.split("/")[0]: _runner_up_entry(m) for m in shown}
+    for name, entry in second_of.items():
         if name in baselines:
             baselines[name]["runner_up"] = entry
     write_json(
@@ -75,7 +75,7 @@ def write_outputs(
                 "origin": None if pd.isna(ctx.row.get("origin")) else str(ctx.row.get("origin")),
                 "budget": _autocompress_budget(ctx),
                 **_test_means(ac),
-                **({"runner_up": runner_ups["autocompress"]} if "autocompress" in runner_ups else {}),
+                **({"runner_up": second_of["autocompress"]} if "autocompress" in second_of else {}),
             },
             **baselines,
             "methods": list(job.compare.methods or ()),
