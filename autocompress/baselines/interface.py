@@ -61,6 +61,13 @@ class PickContext:
             raise ValueError("this context has no teacher hidden states (a hybrid-MoE run): the baseline cannot score by them")
         return self.teacher_select
 
+    def probe_writer(self, ranking: Ranking, arch: Architecture) -> Callable[[Path], object]:
+        """Writes `arch` (the teacher sliced by `ranking`) into a folder, verified: a candidate for `probe.run`."""
+        from autocompress.baselines.minitron import write_checkpoint
+
+        ids = self.check_ids if self.check_ids is not None else self.select[:4]
+        return lambda folder: write_checkpoint(self.model, self.tokenizer, self.space, ranking, arch, folder, ids, "probe")
+
 
 @dataclass
 class Pick:
@@ -106,7 +113,6 @@ def puzzletron_pick(ctx: PickContext, settings: Any) -> Pick:
     """ModelOpt's Puzzletron (autocompress.baselines.puzzletron). With compare.probe on, the MIP's N best choices (each
     realised alike) are probed as every method's candidates are; the runner-up is the second by the same score."""
     from autocompress.baselines import puzzletron
-    from autocompress.baselines.minitron import write_checkpoint
 
     n = ctx.probe.count if ctx.probe is not None else 1
     res = puzzletron.search(
@@ -134,12 +140,7 @@ def puzzletron_pick(ctx: PickContext, settings: Any) -> Pick:
     if ctx.probe is not None and len(candidates) > 1:
         from autocompress.quality.probe import chosen
 
-        ids = ctx.check_ids if ctx.check_ids is not None else ctx.select[:4]
-
-        def writer(arch: Architecture) -> Callable[[Path], object]:
-            return lambda folder: write_checkpoint(ctx.model, ctx.tokenizer, ctx.space, res.ranking, arch, folder, ids, "probe")
-
-        rows = ctx.probe.run({str(i): writer(a) for i, (a, _) in enumerate(candidates[:n])})
+        rows = ctx.probe.run({str(i): ctx.probe_writer(res.ranking, a) for i, (a, _) in enumerate(candidates[:n])})
         after = {int(r["candidate"]): r["kl_select_probe"] for r in rows}
         order = sorted(after, key=lambda i: (after[i], i))
         assert order[0] == int(chosen(rows))

@@ -354,11 +354,7 @@ def pick(ctx: Any, spec: MinitronSpec) -> Any:
 
         top = res.scored.nsmallest(ctx.probe.count, "kl", keep="first")
 
-        def writer(i: int) -> Callable[[Path], object]:
-            arch = res.candidates[i].arch
-            return lambda folder: write_checkpoint(ctx.model, ctx.tokenizer, ctx.space, res.ranking, arch, folder, ctx.check_ids, "probe")
-
-        rows = ctx.probe.run({str(i): writer(int(i)) for i in top.index})
+        rows = ctx.probe.run({str(i): ctx.probe_writer(res.ranking, res.candidates[int(i)].arch) for i in top.index})
         res.scored["kl_select_probe"] = float("nan")
         for r in rows:
             res.scored.loc[int(r["candidate"]), "kl_select_probe"] = r["kl_select_probe"]
