@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
 def _distill_command(args: list[str]) -> None:
     from autocompress.config.cliargs import UsageError, flag, parse
     from autocompress.io import check_writable
-    from autocompress.model.checkpoint import BASE, load_checkpoint
+    from autocompress.model.base import check_model_folder
+    from autocompress.model.checkpoint import BASE, check_vocabulary, load_checkpoint
 
     cmd = parse(args, "distill", DistillSpec, options=("out", "teacher", "overwrite", "resume"))
     if len(cmd.positional) != 1 or not cmd.options.get("out"):
@@ -54,7 +55,14 @@ def _distill_command(args: list[str]) -> None:
     student = Path(cmd.positional[0])
     if not (student / "config.json").exists():
         raise ConfigError(f"{student} is not a checkpoint folder (no config.json); export one with python -m autocompress.export")
+    config = check_model_folder(student, "STUDENT", families=None, tokenizer=False) or {}
     teacher = load_checkpoint(cmd.options.get("teacher", BASE), base)
+    check_vocabulary(teacher.model, teacher.tokenizer, f"teacher {teacher.name}", "its tokenizer")
+    if config.get("vocab_size") != teacher.model.config.vocab_size:
+        raise ConfigError(
+            f"the student {student} has a vocabulary of {config.get('vocab_size')} tokens and the teacher {teacher.name} "
+            f"{teacher.model.config.vocab_size}: distil a student from the model it was pruned from (teacher=DIR or model=NAME)"
+        )
     overwrite, resume = (flag(k, cmd.options.get(k, default)) for k, default in (("overwrite", "false"), ("resume", "true")))
     ev = cmd.config.get("evaluate") or {}
     forbid = (*evaluation_paths(), *evaluation_paths(ev.get("data_dir"), ev.get("corpus", DEFAULT_CORPUS)))

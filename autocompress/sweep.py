@@ -24,6 +24,7 @@ from autocompress.config.cliargs import task as hydra_task
 from autocompress.config.compose import plain
 from autocompress.errors import ConfigError
 from autocompress.io import RUN_CONFIG, RUN_METADATA, log
+from autocompress.model.base import check_model_spec
 from autocompress.search.runfolder import RunFolder, resume_target
 from autocompress.search.tune import run_sweep
 
@@ -59,13 +60,17 @@ def main(cfg: DictConfig) -> None:
     data = plain(cfg)
     mode = resume_mode(data, cfg.get("resume", False))
     if mode == "new":
-        run_sweep(run_spec_from_dict(data), OmegaConf.to_yaml(cfg, resolve=True))
+        spec = run_spec_from_dict(data)
+        check_model_spec(spec.model)  # an empty, foreign or damaged model.path, before the run folder exists
+        run_sweep(spec, OmegaConf.to_yaml(cfg, resolve=True))
     elif mode == "complete":
         log("resume=auto: the run is already complete; nothing to do")
     else:
         resume = True if str(cfg.get("resume")).lower() == "auto" else cfg.get("resume")
         data, run_dir = resume_target(data, resume, list(HydraConfig.get().overrides.task))
-        run_sweep(run_spec_from_dict(data), "", resume_dir=run_dir)
+        spec = run_spec_from_dict(data)
+        check_model_spec(spec.model)
+        run_sweep(spec, "", resume_dir=run_dir)
 
 
 if __name__ == "__main__":

@@ -430,3 +430,114 @@ def test_compare_of_another_scenarios_run_leaves_no_output_folder(
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and "is a run of scenario 'cpu_interactive', not 'h100_batched'" in errors[0], err
     assert not out.exists() and "Traceback" not in err
+
+
+# --------------------------------------------------------------------------- model folders: (case, command, message)
+
+
+def _tiny_checkpoint(folder: Path, vocab: int = 256, tokenizer: bool = True) -> Path:
+    """A tiny Llama saved as a Hugging Face folder (config.json, model.safetensors, a word-level tokenizer)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    )
+    LlamaForCausalLM(config).save_pretrained(folder)
+    if tokenizer:
+        words = {f"w{i}": i for i in range(vocab)}
+        fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(words, unk_token="w0")), unk_token="w0")
+        fast.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def model_folders(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder per way a model folder can be wrong, beside a good one."""
+    root = tmp_path_factory.mktemp("models")
+    good = _tiny_checkpoint(root / "good")
+    (root / "empty").mkdir()
+    (root / "a_file").write_text("not a folder")
+    for case, change in {
+        "bad_json": lambda f: (f / "config.json").write_text("{model_type: llama"),
+        "config_list": lambda f: (f / "config.json").write_text("[1, 2]"),
+        "no_weights": lambda f: (f / "model.safetensors").unlink(),
+        "truncated": lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:5000]),
+        "deci": lambda f: _edit_json("config.json", lambda c: c | {"model_type": "nemotron-nas"})(f),
+        "gpt2": lambda f: _edit_json("config.json", lambda c: c | {"model_type": "gpt2"})(f),
+        "heads": lambda f: _edit_json("config.json", lambda c: c | {"num_attention_heads": 3})(f),
+        "no_tokenizer": lambda f: [p.unlink() for p in f.glob("*token*")],
+    }.items():
+        shutil.copytree(good, root / case)
+        change(root / case)
+    _tiny_checkpoint(root / "vocab100", vocab=100, tokenizer=False)
+    return root
+
+
+MODEL_ROWS = [
+    ("empty", "holds no config.json"),
+    ("a_file", "is a file; give the folder"),
+    ("nope", "does not exist; give a checkpoint folder"),
+    ("bad_json", "config.json is not valid JSON"),
+    ("config_list", "config.json holds a list, not a model config"),
+    ("no_weights", "holds no weights (model.safetensors or pytorch_model.bin)"),
+    ("truncated", "model.safetensors is damaged or truncated"),
+    ("deci", "is a 'nemotron-nas' model (a DeciLM export of a pruned model"),
+    ("gpt2", "is a 'gpt2' model (this command takes llama or granitemoehybrid models)"),
+    ("heads", "num_attention_heads=3 / num_key_value_heads=2 do not divide hidden_size=32"),
+    ("no_tokenizer", "holds no tokenizer"),
+]
+
+
+@pytest.mark.parametrize(("case", "message"), MODEL_ROWS, ids=[r[0] for r in MODEL_ROWS])
+def test_a_base_model_folder_is_checked_before_the_sweep(
+    case: str, message: str, model_folders: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """model=hf model.path=DIR that cannot be a base model: refused before the run folder, not a traceback after it."""
+    _guard("sweep", monkeypatch)
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in SWEEP]
+    code = _hydra("sweep", [*argv, "model=hf", f"model.path={model_folders / case}"], monkeypatch)
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and message in errors[0], err
+    assert "Traceback" not in err and list(tmp_path.iterdir()) == []
+
+
+def test_a_good_model_folder_passes_the_check(model_folders: Path) -> None:
+    from autocompress.config.schema import ModelSpec
+    from autocompress.model.base import check_model_spec, load_base_model
+
+    spec = ModelSpec(name="hf", source="hf", path=str(model_folders / "good"))
+    check_model_spec(spec)
+    assert load_base_model(spec).model.config.vocab_size == 256
+
+
+CHECKPOINT_ROWS = [
+    ("evaluate", ["{models}/truncated", "out={tmp}/e"], "model.safetensors is damaged or truncated"),
+    ("evaluate", ["{models}/bad_json", "out={tmp}/e"], "config.json is not valid JSON"),
+    ("evaluate", ["{models}/vocab100", "out={tmp}/e", "model=tiny_llama"], "vocabulary of 100 tokens but model=tiny"),
+    ("distill", ["{models}/vocab100", "out={tmp}/d", "model=tiny_llama"], "has a vocabulary of 100 tokens and the teacher"),
+    ("distill", ["{models}/vocab100", "out={tmp}/d", "teacher={models}/good"], "of 100 tokens and the teacher good 256"),
+    (
+        "distill",
+        ["{models}/good", "out={tmp}/d", "teacher={models}/vocab100", "model=tiny_llama"],
+        "tiny_llama's tokenizer emits 256",
+    ),
+    ("distill", ["{models}/no_weights", "out={tmp}/d", "model=tiny_llama"], "holds no weights"),
+]
+
+
+@pytest.mark.parametrize(("command", "argv", "message"), CHECKPOINT_ROWS, ids=[f"{r[0]}:{r[1][0]}" for r in CHECKPOINT_ROWS])
+def test_checkpoints_of_another_model_are_named(
+    command: str, argv: list[str], message: str, model_folders: Path, tmp_path: Path, capsys: Any
+) -> None:
+    """A checkpoint whose vocabulary its tokenizer or teacher overruns: one line naming the model to give, not an IndexError."""
+    from autocompress.distill import main as distill
+
+    run = {"evaluate": _evaluate, "distill": distill}[command]
+    code = run([a.replace("{models}", str(model_folders)).replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and message in errors[0], err
+    assert "Traceback" not in err and list(tmp_path.iterdir()) == []

@@ -243,8 +243,8 @@ def test_corrupt_student_is_one_clear_line(student: Path, tmp_path: Path, capsys
     weights.write_bytes(weights.read_bytes()[:100])
     assert main([str(student), f"out={tmp_path / 'o'}", "model=tiny_llama", "tokens=128"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"error: {student} could not be loaded as a model"), err
+    assert len(err) == 1 and err[0].startswith(f"error: {weights} is damaged or truncated (100 bytes)"), err
     (student / "config.json").write_text("{not json")
     assert main([str(student), f"out={tmp_path / 'o'}", "model=tiny_llama", "tokens=128"]) == 2
-    assert "could not be loaded as a model" in capsys.readouterr().err
+    assert f"error: {student / 'config.json'} is not valid JSON" in capsys.readouterr().err
     assert not (tmp_path / "o").exists() and not work_dir(tmp_path / "o").exists()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -110,6 +112,91 @@ def tiny_llama(spec: ModelSpec) -> Any:
         return LlamaForCausalLM(config)
 
 
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # org/name: transformers fetches it from the hub
+FAMILY_HELP = {
+    "granitemoehybrid": "GraniteMoeHybrid models: sweep, export and compare take them; distill / evaluate as a checkpoint folder",
+    "nemotron-nas": "a DeciLM export of a pruned model: evaluate or distill it as a checkpoint; sweep the model it was pruned from",
+    "nemotron_h": "Nemotron-H models are planned from their config: python -m autocompress.plan architecture.path=DIR",
+}
+
+
+def has_tokenizer(path: Path) -> bool:
+    return any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+
+
+def check_model_folder(
+    path: str | Path, key: str, families: tuple[str, ...] | None = ("llama",), tokenizer: bool = True
+) -> dict[str, Any] | None:
+    """`path`'s config.json, checked before anything loads: the folder holds a parseable config of one of `families`
+    (None: any) with whole head groups, intact weights and (`tokenizer`) tokenizer files. None for a hub id (transformers
+    fetches it). Every problem is one ConfigError naming the folder and the fix."""
+    text = str(path)
+    folder = Path(text).expanduser()
+    if not folder.exists():
+        if HUB_ID.match(text) and not text.startswith((".", "~")):
+            return None
+        raise ConfigError(f"{key}={text} does not exist; give a checkpoint folder (config.json, weights, tokenizer) or a hub id (org/name)")
+    if not folder.is_dir():
+        raise ConfigError(f"{key}={text} is a file; give the folder that holds its config.json and weights")
+    config = _config_json(folder, key)
+    kind = config.get("model_type")
+    if families is not None and kind not in families:
+        why = FAMILY_HELP.get(str(kind), f"this command takes {' or '.join(families)} models")
+        raise ConfigError(f"{key}={text} is a {kind!r} model ({why})")
+    heads, kv, hidden = (config.get(k) for k in ("num_attention_heads", "num_key_value_heads", "hidden_size"))
+    kv = kv or heads
+    whole = isinstance(heads, int) and isinstance(kv, int) and isinstance(hidden, int) and min(heads, kv, hidden) > 0
+    if whole and ((hidden % heads and not config.get("head_dim")) or heads % kv):  # type: ignore[operator]
+        raise ConfigError(
+            f"{folder / 'config.json'}: num_attention_heads={heads} / num_key_value_heads={kv} do not divide hidden_size={hidden} "
+            "into whole heads and head groups; the file is damaged or not a model config"
+        )
+    _check_weights(folder, key)
+    if tokenizer and not has_tokenizer(folder):
+        raise ConfigError(f"{key}={text} holds no tokenizer (tokenizer.json or tokenizer_config.json); copy the model's tokenizer into it")
+    return config
+
+
+def check_model_spec(spec: ModelSpec, families: tuple[str, ...] = ("llama", "granitemoehybrid")) -> None:
+    """model=hf model.path=...: the folder checked up front (commands call this before their run folder exists)."""
+    if spec.source == "hf" and spec.path:
+        check_model_folder(spec.path, "model.path", families)
+
+
+def _config_json(folder: Path, key: str) -> dict[str, Any]:
+    file = folder / "config.json"
+    if not file.is_file():
+        raise ConfigError(f"{key}={folder} holds no config.json; give a Hugging Face checkpoint folder (config.json, weights, tokenizer)")
+    try:
+        config = json.loads(file.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{file} is not valid JSON ({exc}); export or download the checkpoint again") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{file} holds a {type(config).__name__}, not a model config; export or download the checkpoint again")
+    return config
+
+
+def _check_weights(folder: Path, key: str) -> None:
+    """A weights file is there and, for a single safetensors file, as long as its header says (a truncated copy is not)."""
+    present = [name for name in WEIGHTS if (folder / name).is_file()]
+    if not present:
+        raise ConfigError(f"{key}={folder} holds no weights ({' or '.join(WEIGHTS[::2])}); copy or export the checkpoint again")
+    single = folder / "model.safetensors"
+    if present[0] != "model.safetensors":
+        return
+    size = single.stat().st_size
+    try:
+        with single.open("rb") as fh:
+            length = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(length)) if 0 < length <= size - 8 else None
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0) if header else -1
+    except (ValueError, KeyError, TypeError, IndexError):
+        end = -1
+    if end < 0 or 8 + length + end > size:
+        raise ConfigError(f"{single} is damaged or truncated ({size:,} bytes); copy or export the checkpoint again")
+
+
 def load_base_model(spec: ModelSpec) -> BaseModel:
     """Load the base model in fp32 with frozen weights, in eval mode."""
     tokenizer: Any
@@ -125,15 +212,17 @@ def load_base_model(spec: ModelSpec) -> BaseModel:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = str(smollm2_checkpoint()) if spec.source == "smollm2_gguf" else str(spec.path)
+        if spec.source == "hf":
+            check_model_folder(path, "model.path")
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
             tokenizer = AutoTokenizer.from_pretrained(path)
-        except OSError as exc:
-            raise ConfigError(f"model.path={path!r} could not be loaded ({exc}); give a local checkpoint directory or a hub id") from exc
+        except Exception as exc:  # OSError, ValueError, SafetensorError: what the folder check cannot see
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            why = f"{type(exc).__name__}: {first}"
+            raise ConfigError(f"model.path={path} could not be loaded ({why}); give a local checkpoint folder or a hub id") from exc
         if model.config.model_type != "llama":
-            moe = model.config.model_type == "granitemoehybrid"
-            hybrid = " (GraniteMoeHybrid models: sweep, export and compare take them; distill / evaluate as a folder)" if moe else ""
-            raise ConfigError(f"model.path={path!r} is a {model.config.model_type!r} model; only Llama-family models are supported{hybrid}")
+            raise ConfigError(f"model.path={path} is a {model.config.model_type!r} model; only Llama-family models are supported")
     model.eval()
     model.requires_grad_(False)
     return BaseModel(model=model, tokenizer=tokenizer, path=path)

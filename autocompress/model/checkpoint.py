@@ -10,7 +10,7 @@ import torch
 
 from autocompress.config.schema import ModelSpec
 from autocompress.errors import ConfigError
-from autocompress.model.base import load_base_model
+from autocompress.model.base import check_model_folder, has_tokenizer, load_base_model
 
 BASE = "base"  # the name that means "the configured base model" on command lines
 
@@ -21,10 +21,6 @@ class Loaded:
     tokenizer: Any
     name: str  # what tables call it
     path: str | None  # checkpoint folder (None for the in-process tiny model)
-
-
-def has_tokenizer(path: Path) -> bool:
-    return any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
 
 
 def load_checkpoint(path: str | Path, base: ModelSpec) -> Loaded:
@@ -41,12 +37,15 @@ def load_checkpoint(path: str | Path, base: ModelSpec) -> Loaded:
     folder = Path(path)
     if not folder.exists() and (str(path).startswith((".", "/")) or folder.suffix):
         raise ConfigError(f"checkpoint {path} does not exist; give an exported or distilled model folder (or `base`)")
+    check_model_folder(path, "checkpoint", families=None, tokenizer=False)
     model = open_model(path)
+    own = not folder.exists() or has_tokenizer(folder)
     tokenizer = (
         AutoTokenizer.from_pretrained(str(path), trust_remote_code=True)  # our exports' DeciLM config: never ask on stdin
-        if not folder.exists() or has_tokenizer(folder)
+        if own
         else load_base_model(base).tokenizer
     )
+    check_vocabulary(model, tokenizer, f"checkpoint {path}", "its own tokenizer" if own else f"model={base.name}'s tokenizer")
     model.eval()
     return Loaded(model, tokenizer, folder.name or str(path), str(path))
 
@@ -63,3 +62,18 @@ def open_model(path: str | Path) -> Any:
             f"{path} could not be loaded as a model ({type(exc).__name__}: {first}); give a checkpoint folder with config.json "
             "and weights, e.g. export it again with python -m autocompress.export"
         ) from exc
+
+
+def tokenizer_size(tokenizer: Any) -> int:
+    """How many token ids `tokenizer` can emit (a ByteTokenizer: 256)."""
+    return len(tokenizer) if hasattr(tokenizer, "__len__") else 256
+
+
+def check_vocabulary(model: Any, tokenizer: Any, name: str, whose: str) -> None:
+    """A tokenizer whose ids the model's embedding cannot hold would end in an IndexError deep in the forward pass."""
+    vocab, size = int(model.config.vocab_size), tokenizer_size(tokenizer)
+    if size > vocab:
+        raise ConfigError(
+            f"{name} has a vocabulary of {vocab:,} tokens but {whose} emits {size:,}: they are not the same model's; "
+            "name the model it was pruned from with model=NAME (or model=hf model.path=DIR)"
+        )

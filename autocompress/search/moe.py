@@ -38,6 +38,7 @@ from autocompress.config.metrics import METRICS, Constraint
 from autocompress.config.schema import ModelSpec, RunSpec
 from autocompress.cost.hybrid import HybridCost, evaluate, hardware_terms
 from autocompress.io import log
+from autocompress.model.base import check_model_folder
 from autocompress.model.data import load_token_data
 from autocompress.model.tiny_moe import TinyHybridMoE, tiny_hybrid_moe
 
@@ -285,6 +286,7 @@ def model_path(spec: RunSpec, progress: bool = True) -> str:
 def load_moe(path: str) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_model_folder(path, "model.path", (FAMILY,))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
     return model, AutoTokenizer.from_pretrained(path)
 
