@@ -212,6 +212,21 @@ def _filesystem(target: str) -> tuple[Any, str]:
     return pyarrow.fs.LocalFileSystem(), target
 
 
+def check_storage(target: str) -> None:
+    """sweep.storage_path reachable before any work: one metadata request (a URI that cannot be reached, or whose
+    credentials are refused, ends the command here instead of after the preparation)."""
+    if not is_uri(target):
+        return
+    fs, root = _filesystem(target)
+    try:
+        fs.get_file_info(root)
+    except Exception as exc:  # OSError from the S3 / GCS client: unknown host, refused connection, denied access
+        first = str(exc).splitlines()[0][:240] if str(exc) else type(exc).__name__
+        raise ConfigError(
+            f"sweep.storage_path={target} cannot be reached ({first}); check the URI, the network and this node's credentials"
+        ) from None
+
+
 def mirror_files(local_dir: Path, names: list[str], target: str) -> None:
     """Copy the files `names` of `local_dir` that exist to `target` (path or URI), each written then renamed."""
     import pyarrow.fs

@@ -133,8 +133,9 @@ def _hash(data: Any) -> str:
 def resolve_run(job: CompareJob, config_yaml: str, stages: dict[str, float | str]) -> Path:
     if job.compare.run:
         return Path(job.compare.run)
-    from autocompress.search.tune import run_sweep
+    from autocompress.search.tune import preflight, run_sweep
 
+    preflight(job.spec)
     log("compare: running the sweep first (give compare.run=RUN_DIR to reuse a finished one)")
     start = time.time()
     run_dir = run_sweep(job.spec, config_yaml)

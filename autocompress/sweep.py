@@ -24,9 +24,8 @@ from autocompress.config.cliargs import task as hydra_task
 from autocompress.config.compose import plain
 from autocompress.errors import ConfigError
 from autocompress.io import RUN_CONFIG, RUN_METADATA, log
-from autocompress.model.base import check_model_spec
 from autocompress.search.runfolder import RunFolder, resume_target
-from autocompress.search.tune import run_sweep
+from autocompress.search.tune import preflight, run_sweep
 
 
 def _sigterm(signum: int, frame: Any) -> None:
@@ -61,7 +60,7 @@ def main(cfg: DictConfig) -> None:
     mode = resume_mode(data, cfg.get("resume", False))
     if mode == "new":
         spec = run_spec_from_dict(data)
-        check_model_spec(spec.model)  # an empty, foreign or damaged model.path, before the run folder exists
+        preflight(spec)  # model folder, Ray address, storage URI: before the run folder exists
         run_sweep(spec, OmegaConf.to_yaml(cfg, resolve=True))
     elif mode == "complete":
         log("resume=auto: the run is already complete; nothing to do")
@@ -69,7 +68,7 @@ def main(cfg: DictConfig) -> None:
         resume = True if str(cfg.get("resume")).lower() == "auto" else cfg.get("resume")
         data, run_dir = resume_target(data, resume, list(HydraConfig.get().overrides.task))
         spec = run_spec_from_dict(data)
-        check_model_spec(spec.model)
+        preflight(spec)
         run_sweep(spec, "", resume_dir=run_dir)
 
 

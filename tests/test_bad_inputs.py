@@ -50,6 +50,7 @@ ROWS = [
 
 
 SWEEP = ["+scenario=cpu_interactive", "results.dir={tmp}"]
+UNREACHABLE = "s3://bucket/x?endpoint_override=127.0.0.1:9&scheme=http&region=us-east-1"
 PLAN = ["+scenario=b200_longctx", "results.dir={tmp}"]
 COMPARE = ["+scenario=cpu_interactive", "model=tiny_llama", "results.dir={tmp}"]
 ROWS += [
@@ -89,6 +90,9 @@ ROWS += [
     ("sweep", [*SWEEP, "search.stepz=5"], "unknown key search.stepz; did you mean search.steps?"),
     ("sweep", [*SWEEP, "resume=auto"], "resume=auto needs +scenario=NAME and results.run_id=ID"),
     ("sweep", [*SWEEP, "resume={tmp}/nope"], "holds no config.yaml"),
+    # a storage URI nothing answers at (connection refused on the loopback): refused before the run folder and the
+    # preparation (it used to come after 2 minutes, leaving a run folder behind)
+    ("sweep", [*SWEEP, f"sweep.storage_path='{UNREACHABLE}'"], "cannot be reached (When getting information for key 'x'"),
     ("compare", [*COMPARE, "compare.run="], "compare.run is empty"),
     ("compare", [*COMPARE, "compare.run={tmp}/nope"], "nope is not a folder"),
     ("compare", [*COMPARE, "compare.run={tmp}/done"], "metadata.json does not exist"),

@@ -21,6 +21,7 @@ from autocompress.cluster import (
     GIB,
     PendingWatch,
     check_ray_address,
+    check_storage,
     check_trial_fits,
     start_ray,
 )
@@ -29,6 +30,7 @@ from autocompress.config.schema import SETTING_KEYS, LagrangianSettings, RunSpec
 from autocompress.cost import CostModel
 from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.io import RUN_CONFIG, RUN_PARETO, RUN_RANKING, RUN_TRIALS, log, write_parquet, write_text
+from autocompress.model.base import check_model_spec
 from autocompress.results.pareto import COST_DIRECTIONS, QUALITY, pareto_frame
 from autocompress.results.store import architecture_columns, feasibility_columns, trials_frame
 from autocompress.search.differentiable import SearchInputs, SearchResult
@@ -358,10 +360,19 @@ def _prepare(spec: RunSpec) -> Prepared | MoEPrepared:
     return prepared
 
 
-def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -> Path:
-    """The whole job; returns the run folder. With `resume_dir`, finish that run (its config.yaml must match `spec`)."""
+def preflight(spec: RunSpec) -> None:
+    """What a sweep needs from outside, checked before its run folder exists: the base model's folder, the Ray
+    cluster's address and the storage URI. Commands call it before run_sweep."""
+    check_model_spec(spec.model)  # an empty, foreign or damaged model.path
     if spec.sweep.ray_address:
         check_ray_address(spec.sweep.ray_address)
+    if spec.sweep.storage_path:
+        check_storage(spec.sweep.storage_path)  # an unreachable URI: refused now, not after 2 minutes of preparation
+
+
+def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -> Path:
+    """The whole job; returns the run folder. With `resume_dir`, finish that run (its config.yaml must match `spec`).
+    Call preflight(spec) first."""
     run = RunFolder.of(spec, resume_dir or new_run_dir(spec))
     if resume_dir is None:
         try:
