@@ -393,7 +393,8 @@ def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stag
                 tkey = {**dkey, "student": m.arch.to_json(), "test": test_key(ctx)}
                 stages.run(f"{m.name}/test-seed{seed}", tkey, tested, partial(test_stage, ctx, target, tested))
                 m.test.append(json.loads(tested.read_text()))
-    base_eval = Path(spec.results_dir).resolve() / "evaluate" / f"base-{spec.model.name}-{_hash(ekey)}"
+    # the command's results.dir (not the run's: a run made elsewhere, or read-only, is never written into)
+    base_eval = Path(job.spec.results_dir).resolve() / "evaluate" / f"base-{spec.model.name}-{_hash(ekey)}"
     stages.run("base/eval", ekey, base_eval, partial(evaluate_stage, job, ctx, ctx.base_path, base_eval), shared=True)
     base_arch = ctx.base_arch
     base = Model("base", base_arch, ctx.cost_model.predict(base_arch), 0.0, label="unpruned", results=[read_result(base_eval)])

@@ -230,9 +230,11 @@ def test_compare_runs_every_stage_and_reuses_them(
     run_compare(other)  # another run (another scenario's, say) reuses the unpruned model's scores
     assert "test_kl" not in summary["autocompress"] and "test_kl" not in frame  # the test split is the headline's alone
     methods = ["compare.methods=[autocompress,puzzletron,greedy]", "compare.test_split=true"]
-    only = job_from_dict(compose_dict(*overrides, *small, *methods, f"compare.out={tmp_path / 'pz'}"))
+    elsewhere = [*overrides[:-1], f"results.dir={tmp_path / 'mine'}"]  # the command's results.dir, not the run's
+    only = job_from_dict(compose_dict(*elsewhere, *small, *methods, f"compare.out={tmp_path / 'pz'}"))
     run_compare(only)  # a method list without Minitron: neither its stage nor its rows
     assert not (tmp_path / "pz" / "minitron").exists()
+    assert [p.is_dir() for p in (tmp_path / "mine" / "evaluate").glob("base-*")].count(True) == 1  # where results.dir says
     tested = pd.read_parquet(tmp_path / "pz" / "compare.parquet").set_index("model")
     assert list(tested.index) == ["base", "autocompress", "puzzletron", "greedy"]
     assert tested.loc["base", "test_kl"] == pytest.approx(0, abs=1e-6) and (tested["test_kl"].iloc[1:] > 0).all()
