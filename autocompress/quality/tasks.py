@@ -8,7 +8,7 @@ files (the layout of `../shared/data/benchmarks`, see its PROVENANCE.md) or from
 (the datasets lm-evaluation-harness uses). Evaluation data is read here only: nothing in this
 module feeds calibration or distillation.
 
-Where the items differ from lm-evaluation-harness's (the README's "evaluate" bullet lists the rest):
+Where the items differ from lm-evaluation-harness's (docs/commands.md, "Distill and evaluate", lists the rest):
 
 - hellaswag, local file: the file has `activity_label: ctx` with `ctx` = ctx_a + " " + ctx_b joined, so
   lm-eval's `ctx_b.capitalize()` cannot be applied (the boundary is lost): the first item is scored as

@@ -19,7 +19,7 @@ from autocompress.cost import COST_KEYS
 from autocompress.io import RUN_PARETO, RUN_TRIALS, RUN_VERIFY
 from autocompress.results.runcheck import FRONT_COLUMNS, RunFolderError, check_metadata, check_run_folder, check_table, read_table
 
-# column -> (dtype, meaning); the README documents the same schema
+# column -> (dtype, meaning); docs/commands.md ("Results schema") documents the same schema
 TRIAL_SCHEMA: dict[str, tuple[str, str]] = {
     "trial_id": ("string", "Ray Tune trial id"),
     "status": ("string", "ok | error"),
