@@ -250,6 +250,23 @@ def test_a_gpu_export_pins_the_kv_cache_to_what_the_workload_needs(tmp_path: Pat
     assert "--trust-remote-code" in serve_command(e) and "--kv-cache-memory-bytes" in serve_command(e)
 
 
+def test_the_card_loads_a_decilm_tokenizer_without_a_prompt(tmp_path: Path) -> None:
+    """transformers 5's AutoTokenizer reads config.json; a DeciLM config without trust_remote_code=True stops at
+    "Do you wish to run the custom code? [y/N]", so the card's snippet passes it to the tokenizer as to the model."""
+    from autocompress.checkpoints.card import Exported, _provenance
+    from autocompress.config.compose import compose_spec
+
+    spec = compose_spec("+scenario=h100_batched")
+    row = {"trial_id": "t0", "status": "ok"}
+    for fmt, saved, line in (
+        ("decilm", True, 'tokenizer = AutoTokenizer.from_pretrained("m", trust_remote_code=True)'),
+        ("llama", True, 'tokenizer = AutoTokenizer.from_pretrained("m")'),
+        ("decilm", False, None),
+    ):
+        card = _provenance(Exported(tmp_path / "m", fmt, GOOD, GOOD, row, {}, spec, tmp_path / "run", saved, None))
+        assert (line in card) if line else not any("AutoTokenizer" in x for x in card), card
+
+
 def test_an_fp8_kv_cache_is_pinned_and_served_in_fp8(tmp_path: Path) -> None:
     """workload.kv_dtype=fp8: the pin counts one byte per cached value and vLLM is told to cache in fp8 (without
     kv_cache_dtype it would cache in bf16 and hold half the tokens the pin was sized for)."""

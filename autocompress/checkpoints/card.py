@@ -10,8 +10,8 @@ from typing import Any
 from autocompress.arch.space import Architecture
 from autocompress.checkpoints.verification import Verification
 from autocompress.config.metrics import METRICS
-from autocompress.config.schema import RunSpec
-from autocompress.cost.engine import VLLM_DTYPES, vllm_kv_cache_dtype
+from autocompress.config.schema import RunSpec, vllm_kv_cache_dtype
+from autocompress.cost.engine_settings import VLLM_DTYPES
 from autocompress.model.decilm import vllm_limitation
 
 # --------------------------------------------------------------------------- model card
@@ -177,7 +177,7 @@ def serving_settings(e: Exported) -> dict[str, Any]:
     VLLM_CPU_KVCACHE_SPACE (whole GiB, rounded up); kv_cache_dtype = workload.kv_dtype in vLLM's name where it
     differs from dtype (the KV bytes above are counted at it).
     """
-    from autocompress.cost.engine import kv_pin_bytes
+    from autocompress.cost.engine_settings import kv_pin_bytes
 
     hw, wl = e.spec.scenario.hardware, e.spec.scenario.workload
     kv_bytes = math.ceil(e.arch.kv_bytes_per_token(wl.kv_bytes) * wl.kv_tokens)
@@ -243,8 +243,14 @@ def _provenance(e: Exported) -> list[str]:
         "## Use",
         "",
         "```python",
-        "from transformers import AutoModelForCausalLM",
+        f"from transformers import AutoModelForCausalLM{', AutoTokenizer' if e.tokenizer_saved else ''}",
         f'model = AutoModelForCausalLM.from_pretrained("{e.out.name}"{remote})  # this folder',
+        *(
+            # transformers reads config.json to pick the tokenizer class: a DeciLM config without the flag asks on stdin
+            [f'tokenizer = AutoTokenizer.from_pretrained("{e.out.name}"{remote})']
+            if e.tokenizer_saved
+            else []
+        ),
         "```",
         "",
         "Serve it with the settings its predicted costs assume (serving.json; the KV cache pinned to what the workload needs):",
