@@ -39,16 +39,24 @@ def _named_definition(name: str) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.load(path), resolve=True)  # type: ignore[return-value]
 
 
-def compose_dict(*overrides: str) -> dict[str, Any]:
-    """The config `python -m autocompress.sweep OVERRIDES...` would see, as plain data."""
+def compose_dict(*overrides: str, config_dir: str | Path | None = None) -> dict[str, Any]:
+    """The config `python -m autocompress.sweep [--config-dir DIR] OVERRIDES...` would see, as plain data. `config_dir`:
+    a folder of your own groups (scenario/, hardware/, workload/, model/ ...) searched beside the package's conf/."""
     from hydra import compose, initialize_config_dir
 
+    extra = []
+    if config_dir is not None:
+        folder = Path(config_dir).expanduser().resolve()
+        if not folder.is_dir():
+            raise ConfigError(f"config_dir={config_dir} is not a folder; give the folder that holds your scenario/, hardware/ ... files")
+        extra = [f"hydra.searchpath=[file://{folder}]"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return plain(compose("config", overrides=list(overrides)))
+        return plain(compose("config", overrides=[*extra, *overrides]))
 
 
-def compose_spec(*overrides: str) -> RunSpec:
-    return run_spec_from_dict(compose_dict(*overrides))
+def compose_spec(*overrides: str, config_dir: str | Path | None = None) -> RunSpec:
+    """The typed RunSpec of `compose_dict(*overrides, config_dir=...)`."""
+    return run_spec_from_dict(compose_dict(*overrides, config_dir=config_dir))
 
 
 def load_workload(name: str) -> Workload:
