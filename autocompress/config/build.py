@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
 from autocompress.config.metrics import Constraint
+from autocompress.config.ranges import out_of_range
 from autocompress.config.schema import (
     DataSpec,
     Hardware,
@@ -28,7 +29,8 @@ T = TypeVar("T")
 
 
 def build(cls: type[T], data: Any, key: str) -> T:
-    """Build dataclass `cls` from a mapping, rejecting unknown and missing keys by their full name."""
+    """Build dataclass `cls` from a mapping, rejecting unknown and missing keys and numbers outside their documented range
+    (config.ranges) by their full name."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{key} must be a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
@@ -43,7 +45,17 @@ def build(cls: type[T], data: Any, key: str) -> T:
                 raise ConfigError(f"missing required key {key}.{name}")
             continue
         kwargs[name] = _coerce(hints[name], data[name], f"{key}.{name}")
-    return cls(**kwargs)
+    try:
+        obj = cls(**kwargs)
+    except ConfigError as exc:
+        # a class used under two keys names its usual one (compare.minitron for compare.minitron_default): the value's own
+        if f"{key}." in str(exc) or (own := out_of_range(cls, kwargs, key)) is None:
+            raise
+        raise ConfigError(own) from None
+    own = out_of_range(cls, kwargs, key)  # the documented range (config.ranges), past the class's own checks
+    if own is not None:
+        raise ConfigError(own)
+    return obj
 
 
 def _coerce(hint: Any, value: Any, key: str) -> Any:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from autocompress.config.metrics import METRICS, Constraint
+from autocompress.config.ranges import check_ranges
 from autocompress.errors import ConfigError
 
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -77,6 +78,8 @@ class Hardware:
     description: str = ""
 
     def __post_init__(self) -> None:
+        if self.engine not in ("vllm", "vllm-cpu"):
+            raise ConfigError(f"hardware.engine={self.engine!r} is unknown; use vllm (GPUs) or vllm-cpu")
         for key in ("peak_tflops", "mem_bandwidth_gbs", "memory_gib", "max_num_batched_tokens"):
             _positive(f"hardware.{key}", getattr(self, key))
         for key in (
@@ -91,8 +94,10 @@ class Hardware:
                 _positive(f"hardware.{key}", getattr(self, key), allow_zero=True)
         if self.kv_cache_gib is not None:
             _positive("hardware.kv_cache_gib", self.kv_cache_gib)
-        if self.prefill_eta_compute is not None and not 0 < self.prefill_eta_compute <= 1:
-            raise ConfigError(f"hardware.prefill_eta_compute must be in (0, 1], got {self.prefill_eta_compute!r}")
+        for key in ("prefill_eta_compute", "prefill_attn_eta"):
+            value = getattr(self, key)
+            if value is not None and not 0 < value <= 1:
+                raise ConfigError(f"hardware.{key} must be in (0, 1] (a share of peak FLOP/s) or null, got {value!r}")
         for key in ("eta_compute", "eta_memory", "memory_utilization"):
             value = getattr(self, key)
             if not 0 < value <= 1:
@@ -119,9 +124,11 @@ class Workload:
             object.__setattr__(self, "dtype", auto_dtype())
         for key in ("prompt_len", "output_len", "concurrency", "context_len"):
             _positive(f"workload.{key}", getattr(self, key))
+        check_ranges(self, "workload")
         if self.context_len < self.prompt_len + self.output_len:
             raise ConfigError(
-                f"workload.context_len ({self.context_len}) must be >= prompt_len + output_len ({self.prompt_len + self.output_len})"
+                f"workload.context_len ({self.context_len}) must be >= prompt_len + output_len ({self.prompt_len + self.output_len}): "
+                "raise workload.context_len or shorten workload.prompt_len / workload.output_len"
             )
         for key in ("dtype", "kv_dtype"):
             value = getattr(self, key)
@@ -194,6 +201,11 @@ class ModelSpec:
                 raise ConfigError(
                     f"model.num_key_value_heads={self.num_key_value_heads} does not divide model.num_attention_heads="
                     f"{self.num_attention_heads}; every KV head serves the same number of query heads"
+                )
+            if (self.hidden_size // self.num_attention_heads) % 2:
+                raise ConfigError(
+                    f"model.hidden_size={self.hidden_size} / model.num_attention_heads={self.num_attention_heads} = "
+                    f"{self.hidden_size // self.num_attention_heads} is odd; rotary embeddings rotate pairs: choose an even head size"
                 )
 
 
@@ -289,10 +301,29 @@ def _check_grid(grid: Mapping[str, Any]) -> None:
     """Every grid value is a valid Lagrangian setting (a margin of 1.5 is refused now, not in every trial)."""
     for key, values in grid.items():
         for value in values if isinstance(values, list | tuple) else [values]:
-            try:
-                LagrangianSettings(**{key: value})
-            except (ConfigError, TypeError) as exc:
-                raise ConfigError(f"sweep.definition.grid.{key} holds {value!r}: {exc}") from None
+            _check_setting(f"sweep.definition.grid.{key}", key, value)
+
+
+def _check_space(space: Mapping[str, Any]) -> None:
+    """Every Optuna range is {low, high[, log]} of valid Lagrangian settings, low < high (log: low > 0)."""
+    for key, dist in space.items():
+        where = f"sweep.definition.space.{key}"
+        if not isinstance(dist, Mapping) or set(dist) - {"low", "high", "log"} or not {"low", "high"} <= set(dist):
+            raise ConfigError(f"{where} must be {{low: NUM, high: NUM}} (optionally log: true), got {dist!r}")
+        for end in ("low", "high"):
+            _check_setting(f"{where}.{end}", key, dist[end])
+        if not dist["low"] < dist["high"] or (dist.get("log") and dist["low"] <= 0):
+            raise ConfigError(f"{where}: low={dist['low']!r} must be below high={dist['high']!r} (and > 0 with log: true)")
+
+
+def _check_setting(where: str, key: str, value: Any) -> None:
+    """`value` as search.settings.`key`, checked as the search's config is (type and documented range)."""
+    from autocompress.config.build import build  # build imports this module
+
+    try:
+        build(LagrangianSettings, {key: value}, "search.settings")
+    except ConfigError as exc:
+        raise ConfigError(f"{where} holds {value!r}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -362,6 +393,8 @@ class SweepSpec:
             )
         if searcher == "grid":
             _check_grid(params)
+        else:
+            _check_space(params)
         _positive("sweep.num_trials", self.num_trials)
         _positive("sweep.cpus_per_trial", self.cpus_per_trial)
         _positive("sweep.gpus_per_trial", self.gpus_per_trial, allow_zero=True)
@@ -406,6 +439,8 @@ class ProfileSpec:
         _positive("profile.warmup", self.warmup, allow_zero=True)
         _positive("profile.n_random", self.n_random, allow_zero=True)
         _positive("profile.timeout_s", self.timeout_s)
+        if self.kv_cache_gib is not None:
+            _positive("profile.kv_cache_gib", self.kv_cache_gib)
         if self.source not in ("engine", "aiconfigurator"):
             raise ConfigError(f"profile.source must be engine or aiconfigurator, got {self.source!r}")
         if not 0 <= self.holdout_share < 1:

@@ -1,0 +1,213 @@
+"""Every numeric setting has a documented valid range, checked up front (issue 46).
+
+The numeric fields are found by introspecting the settings dataclasses each command builds; each is fed -1, 0, nan,
+inf, 1e308, a word, an empty value, null and the edges of its range (autocompress.config.ranges) through the path the
+commands take (the composed config, then `build` / `scenario_from_dict`): a value inside the range is accepted, any
+other is one ConfigError naming the key, never another exception. The doc's rows are checked against the composed
+config, the dataclasses and the same range table, so neither can drift.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import re
+import types
+import typing
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from autocompress.baselines.comparison import CompareSpec
+from autocompress.config.build import build, scenario_from_dict
+from autocompress.config.compose import compose_dict
+from autocompress.config.ranges import RANGES, Range, range_of
+from autocompress.config.schema import DataSpec, Hardware, ModelSpec, ProfileSpec, SearchSpec, SweepSpec, Workload
+from autocompress.errors import ConfigError
+from autocompress.quality.distillation import DistillSpec
+from autocompress.quality.evaluation import EvalSpec
+
+SECTIONS: dict[str, type] = {
+    "model": ModelSpec,
+    "search": SearchSpec,
+    "sweep": SweepSpec,
+    "profile": ProfileSpec,
+    "distill": DistillSpec,
+    "evaluate": EvalSpec,
+    "compare": CompareSpec,
+    "data": DataSpec,
+    "hardware": Hardware,
+    "workload": Workload,
+}
+SCENARIO = ("+scenario=h100_batched", "model=tiny_llama")  # tiny_llama: the model section's shape checks apply
+# In-range values another key's rule may still refuse (with a message naming the key): context_len >= prompt_len +
+# output_len, heads that divide the hidden size into an even head size, shares that leave calibration documents.
+CROSS = {
+    "workload.prompt_len",
+    "workload.output_len",
+    "workload.context_len",
+    "model.hidden_size",
+    "model.num_attention_heads",
+    "model.num_key_value_heads",
+    "data.select_share",
+    "data.report_share",
+    "data.test_share",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    key: str  # as in the composed config
+    owner: type  # the settings dataclass holding it
+    name: str  # its field there
+    hint: Any  # the field's type
+
+    @property
+    def kind(self) -> type | None:
+        """int or float for a numeric setting (or a tuple of them), else None."""
+        inner = _inner(self.hint)
+        if typing.get_origin(inner) is tuple:
+            inner = typing.get_args(inner)[0]
+        return inner if inner in (int, float) else None
+
+    @property
+    def optional(self) -> bool:
+        return type(None) in typing.get_args(self.hint)
+
+    @property
+    def is_tuple(self) -> bool:
+        return typing.get_origin(_inner(self.hint)) is tuple
+
+
+def _inner(hint: Any) -> Any:
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return args[0] if len(args) == 1 else hint
+    return hint
+
+
+def settings(cls: type, prefix: str) -> Iterator[Setting]:
+    """Every field of `cls` and of the dataclasses nested in it, by its composed-config key."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}.{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from settings(hints[f.name], key)
+        elif key != "sweep.ray_address":  # ray.address in the composed config
+            yield Setting(key, cls, f.name, hints[f.name])
+
+
+ALL = [s for section, cls in SECTIONS.items() for s in settings(cls, section)]
+NUMERIC = [s for s in ALL if s.kind is not None]
+
+
+@pytest.fixture(scope="module")
+def composed() -> dict[str, Any]:
+    return compose_dict(*SCENARIO)
+
+
+def _build(cfg: dict[str, Any], section: str) -> None:
+    """The section as its commands build it."""
+    if section in ("hardware", "workload"):
+        scenario_from_dict(cfg)
+    else:
+        build(SECTIONS[section], cfg.get(section) or {}, section)
+
+
+def _with(cfg: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(cfg)
+    *path, last = key.split(".")
+    node = out
+    for part in path:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return out
+
+
+def _edges(rng: Range, kind: type) -> list[Any]:
+    """The range's ends, the values just past them, and one inside."""
+    if kind is int:
+        return [int(rng.low), int(rng.high), int(rng.low) - 1, int(rng.high) + 1, *rng.also, (int(rng.low) + int(rng.high)) // 2]
+    step = 1e-9 * max(1.0, abs(rng.low), abs(rng.high))
+    return [rng.low, rng.high, rng.low - step, rng.high + step, *rng.also, (rng.low + rng.high) / 2]
+
+
+def _valid(setting: Setting, rng: Range, value: Any) -> bool:
+    if value is None:
+        return setting.optional
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return False
+    if setting.kind is int and not float(value).is_integer():
+        return False
+    return value in rng
+
+
+FUZZ = [-1, 0, math.nan, math.inf, -math.inf, 1e308, "abc", "", None]
+
+
+@pytest.mark.parametrize("setting", NUMERIC, ids=[s.key for s in NUMERIC])
+def test_every_number_is_accepted_in_its_range_and_refused_by_name_outside_it(setting: Setting, composed: dict[str, Any]) -> None:
+    rng = range_of(setting.owner, setting.name)
+    assert rng is not None, f"{setting.key} has no range in autocompress.config.ranges.RANGES; add one"
+    section = setting.key.split(".")[0]
+    _build(composed, section)  # the shipped value passes
+    for value in [*FUZZ, *_edges(rng, setting.kind or float)]:
+        cfg = _with(composed, setting.key, [value] if setting.is_tuple and value is not None else value)
+        valid = _valid(setting, rng, value)
+        try:
+            _build(cfg, section)
+        except ConfigError as exc:
+            assert setting.key in str(exc), f"{setting.key}={value!r}: the message does not name the key: {exc}"
+            assert not valid or setting.key in CROSS, f"{setting.key}={value!r} is inside {rng} but refused: {exc}"
+            assert "\n" not in str(exc), f"{setting.key}={value!r}: not one line: {exc}"
+        except Exception as exc:  # any other type is the bug this test looks for
+            pytest.fail(f"{setting.key}={value!r} raised {type(exc).__name__}: {exc}")
+        else:
+            assert valid, f"{setting.key}={value!r} is outside {rng} but was accepted"
+
+
+def test_the_range_table_holds_exactly_the_numeric_settings() -> None:
+    """No numeric field without a range, no range for a field that is gone; every default inside its range."""
+    numeric = {(s.owner.__name__, s.name) for s in NUMERIC}
+    table = {(cls, name) for cls, fields in RANGES.items() for name in fields}
+    assert numeric - table == set(), "numeric settings without a range"
+    assert table - numeric == set(), "ranges of settings that do not exist"
+    for s in NUMERIC:
+        default = next(f for f in dataclasses.fields(s.owner) if f.name == s.name).default
+        rng = range_of(s.owner, s.name)
+        assert rng is not None
+        for value in default if isinstance(default, tuple) else [default]:
+            assert value is dataclasses.MISSING or _valid(s, rng, value), f"{s.key}'s default {value!r} is outside {rng}"
+
+
+# Through Hydra, as typed on a command line: the same refusals (and `key=` is empty, not "not given").
+OVERRIDES = [
+    (["search.steps="], "search.steps must be a number, got ''"),
+    (["search.steps=nan"], "search.steps must be a finite number"),
+    (["data.seed=-1"], "data.seed must be in [0, 4294967295], got -1"),
+    (["search.settings.seed=1e308"], "search.settings.seed must be in [0, 4294967295]"),
+    (["+hardware.prefill_attn_eta=0"], "hardware.prefill_attn_eta must be in (0, 1]"),
+    (["profile.kv_cache_gib=-1"], "profile.kv_cache_gib must be > 0"),
+    (["distill.seq_len=1"], "distill.seq_len must be in [2, 1000000], got 1"),
+    (["evaluate.corpus_seq_len=1"], "evaluate.corpus_seq_len must be in [2, 1000000], got 1"),
+    (["compare.greedy.importance_sequences=0"], "compare.greedy.importance_sequences must be in [1, 1000000], got 0"),
+    (["compare.minitron_default.top_k=0"], "compare.minitron_default.top_k must be in [1, 1000000], got 0"),
+    (["sweep.gpus_per_trial=1e-9"], "sweep.gpus_per_trial must be 0 or [0.0001, 1000000]"),
+    (["model=tiny_llama", "model.vocab_size=100"], "model.vocab_size must be in [256, 1000000], got 100"),
+    (["model=tiny_llama", "model.hidden_size=12", "model.num_attention_heads=4", "model.num_key_value_heads=2"], "= 3 is odd"),
+    (["workload.prompt_len=1e308"], "workload.prompt_len must be in [1, 100000000]"),
+    (["+sweep.definition.grid.seed=[-1]"], "sweep.definition.grid.seed holds -1: search.settings.seed must be in [0, 4294967295]"),
+    (["sweep=optuna", "sweep.definition.space.margin.high=1.5"], "sweep.definition.space.margin.high holds 1.5"),
+    (["sweep=optuna", "sweep.definition.space.margin.low=0.5"], "sweep.definition.space.margin: low=0.5 must be below high=0.35"),
+    (["sweep=optuna", "~sweep.definition.space.margin.low"], "sweep.definition.space.margin must be {low: NUM, high: NUM}"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), OVERRIDES, ids=[" ".join(o) for o, _ in OVERRIDES])
+def test_command_line_values_outside_their_range_are_refused(overrides: list[str], message: str) -> None:
+    from autocompress.baselines.comparison import job_from_dict
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        job_from_dict(compose_dict("+scenario=h100_batched", *overrides))
