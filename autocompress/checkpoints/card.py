@@ -247,9 +247,7 @@ def _provenance(e: Exported) -> list[str]:
         f'model = AutoModelForCausalLM.from_pretrained("{e.out.name}"{remote})  # this folder',
         *(
             # transformers reads config.json to pick the tokenizer class: a DeciLM config without the flag asks on stdin
-            [f'tokenizer = AutoTokenizer.from_pretrained("{e.out.name}"{remote})']
-            if e.tokenizer_saved
-            else []
+            [f'tokenizer = AutoTokenizer.from_pretrained("{e.out.name}"{remote})'] if e.tokenizer_saved else []
         ),
         "```",
         "",

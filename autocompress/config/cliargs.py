@@ -119,9 +119,13 @@ def hydra_error_line(text: str) -> str:
     missing = re.search(r"Could not find '([\w./-]+)/([^']+)'", text)
     if missing:
         group, name = missing.groups()
-        options = [line.strip() for line in text.split("Available options in", 1)[-1].splitlines()[1:] if line.startswith("\t")]
+        listed = text.split("Available options in", 1)[-1].split("Config search path:", 1)[0]  # not the search path's lines
+        options = [line.strip() for line in listed.splitlines()[1:] if line.startswith("\t")]
         near = sorted(options, key=lambda o: -difflib.SequenceMatcher(None, name, o).ratio())  # nearest first
-        return f"{group}={name} is not a shipped {group}; choose one of {', '.join(near)} (or write conf/{group}/{name}.yaml)"
+        return (
+            f"{group}={name} is not a shipped {group} nor one of --config-dir's; choose one of {', '.join(near)} "
+            f"(or write conf/{group}/{name}.yaml, or {group}/{name}.yaml in your own folder given with --config-dir: docs/scenarios.md)"
+        )
     unknown = re.search(r"full_key: ([\w.]+)", text)
     if unknown and "not in struct" in text:
         key = unknown.group(1)
