@@ -1,4 +1,5 @@
-"""Every numeric setting has a documented valid range, checked up front (issue 46).
+"""Every numeric setting has a documented valid range, checked up front (issue 46), and every key is documented
+(docs/configuration.md, issue 45 item 7).
 
 The numeric fields are found by introspecting the settings dataclasses each command builds; each is fed -1, 0, nan,
 inf, 1e308, a word, an empty value, null and the edges of its range (autocompress.config.ranges) through the path the
@@ -16,19 +17,22 @@ import re
 import types
 import typing
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import pytest
 
 from autocompress.baselines.comparison import CompareSpec
 from autocompress.config.build import build, scenario_from_dict
-from autocompress.config.compose import compose_dict
+from autocompress.config.compose import CONF_DIR, compose_dict
+from autocompress.config.metrics import ABSOLUTE_RANGE, METRICS, RELATIVE_RANGE
 from autocompress.config.ranges import RANGES, Range, range_of
 from autocompress.config.schema import DataSpec, Hardware, ModelSpec, ProfileSpec, SearchSpec, SweepSpec, Workload
 from autocompress.errors import ConfigError
 from autocompress.quality.distillation import DistillSpec
 from autocompress.quality.evaluation import EvalSpec
 
+DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 SECTIONS: dict[str, type] = {
     "model": ModelSpec,
     "search": SearchSpec,
@@ -150,7 +154,7 @@ FUZZ = [-1, 0, math.nan, math.inf, -math.inf, 1e308, "abc", "", None]
 @pytest.mark.parametrize("setting", NUMERIC, ids=[s.key for s in NUMERIC])
 def test_every_number_is_accepted_in_its_range_and_refused_by_name_outside_it(setting: Setting, composed: dict[str, Any]) -> None:
     rng = range_of(setting.owner, setting.name)
-    assert rng is not None, f"{setting.key} has no range in autocompress.config.ranges.RANGES; add one"
+    assert rng is not None, f"{setting.key} has no range in autocompress.config.ranges.RANGES; add one (and to {DOC.name})"
     section = setting.key.split(".")[0]
     _build(composed, section)  # the shipped value passes
     for value in [*FUZZ, *_edges(rng, setting.kind or float)]:
@@ -211,3 +215,108 @@ def test_command_line_values_outside_their_range_are_refused(overrides: list[str
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         job_from_dict(compose_dict("+scenario=h100_batched", *overrides))
+
+
+# --------------------------------------------------------------------------- docs/configuration.md
+
+
+def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict) and node:
+        for k, v in node.items():
+            yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
+    else:
+        yield prefix, node
+
+
+def _job_config(*overrides: str) -> dict[str, Any]:
+    """What `python -m autocompress.sweep OVERRIDES --cfg job` prints (ray.address still its own section)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    return OmegaConf.to_container(cfg, resolve=False)  # type: ignore[return-value]
+
+
+def documented_keys() -> dict[str, Any]:
+    """key -> the default the doc shows: the sweep's `+scenario=h100_batched` config, the keys model=tiny_llama,
+    tiny_hybrid_moe and hf add, every field of every settings dataclass (hardware.prefill_*: in no shipped file) and
+    every metric a scenario may bound. MISSING where there is no single default."""
+    keys: dict[str, Any] = {}
+    for model in ("smollm2_135m", "tiny_llama", "tiny_hybrid_moe"):
+        for key, value in _leaves(_job_config("+scenario=h100_batched", f"model={model}")):
+            keys.setdefault(key, value)
+    keys.setdefault("model.path", None)  # model=hf: required (???)
+    for s in ALL:
+        f = next(f for f in dataclasses.fields(s.owner) if f.name == s.name)
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        keys.setdefault(s.key, list(default) if isinstance(default, tuple) else default)
+    for metric in METRICS:
+        keys.setdefault(f"scenario.constraints.{metric}", dataclasses.MISSING)
+    return keys
+
+
+def render(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(render(v) for v in value) + "]"
+    return str(value)
+
+
+def expected_range(key: str) -> str | None:
+    """The range / choices cell the doc must show (None: free text, not checked)."""
+    if key.startswith("scenario.constraints."):
+        (rl, rh), (al, ah) = RELATIVE_RANGE, ABSOLUTE_RANGE
+        return f"NUMx in [{rl:g}, {rh:g}] or NUM in [{al:g}, {ah:g}]"
+    setting = next((s for s in ALL if s.key == key), None)
+    if setting is None:
+        return None
+    rng = range_of(setting.owner, setting.name)
+    if rng is not None:
+        return f"{'null or ' if setting.optional else ''}{'each in ' if setting.is_tuple else ''}{rng}"
+    if typing.get_origin(_inner(setting.hint)) is Literal:
+        return ", ".join(str(c) for c in typing.get_args(_inner(setting.hint)))
+    return None
+
+
+ROW = re.compile(r"^\| `([^`]+)` \| (.*?) \| (.*?) \| (.+?) \|$")
+
+
+def doc_rows() -> dict[str, tuple[str, str, str]]:
+    rows: dict[str, tuple[str, str, str]] = {}
+    for line in DOC.read_text().splitlines():
+        m = ROW.match(line)
+        if m:
+            assert m.group(1) not in rows, f"{m.group(1)} is documented twice"
+            rows[m.group(1)] = (m.group(2), m.group(3), m.group(4))
+    return rows
+
+
+def skeleton(key: str, default: Any) -> str:
+    """The row to add for an undocumented key (fill in what it does)."""
+    shown = "" if default is dataclasses.MISSING else f"`{render(default)}`"
+    return f"| `{key}` | {shown} | {expected_range(key) or ''} | WHAT IT DOES |"
+
+
+def test_every_key_of_the_composed_config_is_documented() -> None:
+    rows = doc_rows()
+    keys = documented_keys()
+    missing = [skeleton(k, v) for k, v in keys.items() if k not in rows]
+    assert not missing, f"{DOC} lacks rows for:\n" + "\n".join(missing)
+    for key, default in keys.items():
+        shown, cell, what = rows[key]
+        if default is not dataclasses.MISSING:
+            assert shown == f"`{render(default)}`", f"{key}: the doc shows default {shown}, the config has `{render(default)}`"
+        want = expected_range(key)
+        if want is not None:
+            assert cell == want, f"{key}: the doc shows range {cell!r}, the checks enforce {want!r}"
+        assert what.strip() and "WHAT IT DOES" not in what, f"{key} has no description"
+
+
+def test_the_doc_documents_no_key_that_does_not_exist() -> None:
+    keys = documented_keys()
+    extra = [k for k in doc_rows() if k not in keys and not k.startswith("sweep.definition.")]
+    assert not extra, f"{DOC} documents keys no config has: {extra}"
