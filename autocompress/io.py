@@ -24,6 +24,7 @@ RUN_METADATA = "metadata.json"  # status, constraints, cost model, code version
 RUN_RANKING = "ranking.safetensors"  # the importance order that export slices weights in
 RUN_TRIALS = "trials.parquet"
 RUN_PARETO = "pareto.parquet"
+RUN_CURVES = "curves.parquet"  # every trial's search curves: loss, KL, multipliers, expected costs per reported step
 RUN_VERIFY = "verify"  # verify's own folder: measured.parquet / estimated.parquet; the sweep's tables stay as written
 
 

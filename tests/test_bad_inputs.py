@@ -88,6 +88,7 @@ ROWS += [
     ("sweep", [*SWEEP, "workload.dtype="], "workload.dtype is empty"),
     ("sweep", [*SWEEP, "results.run_id=x/y"], "results.run_id='x/y' may only hold letters"),
     ("sweep", [*SWEEP, "search.stepz=5"], "unknown key search.stepz; did you mean search.steps?"),
+    ("sweep", [*SWEEP, "sweep.tracking=[neptune]"], "sweep.tracking holds 'neptune'; use a list of mlflow, wandb"),
     ("sweep", [*SWEEP, "resume=auto"], "resume=auto needs +scenario=NAME and results.run_id=ID"),
     ("sweep", [*SWEEP, "resume={tmp}/nope"], "holds no config.yaml"),
     # a storage URI nothing answers at (connection refused on the loopback): refused before the run folder and the
@@ -132,6 +133,17 @@ def test_command_line_refusals(
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and message in errors[0], err
     assert "Traceback" not in err and sorted(tmp_path.rglob("*")) == before  # nothing written
+
+
+def test_a_tracker_that_is_not_installed_is_refused_up_front(tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sweep.tracking=[wandb] without wandb: one line naming the package, before the run folder (not after preparing)."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    _guard("sweep", monkeypatch)
+    code = _hydra("sweep", ["+scenario=cpu_interactive", f"results.dir={tmp_path}", "sweep.tracking=[wandb]"], monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 2 and "error: sweep.tracking=[wandb] needs the wandb package: pip install wandb" in err, err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_export_refuses_a_vllm_check_it_cannot_run(tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:

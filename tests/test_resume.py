@@ -294,10 +294,10 @@ class FailOneMargin(MetaPathFinder):
             exec_module(module)
             real = module.run_search
 
-            def run_search(model, inputs, cost_model, search, settings):
+            def run_search(model, inputs, cost_model, search, settings, **kwargs):
                 if settings.margin == 0.3:
                     raise RuntimeError("injected search failure")
-                return real(model, inputs, cost_model, search, settings)
+                return real(model, inputs, cost_model, search, settings, **kwargs)
 
             module.run_search = run_search
 

@@ -28,6 +28,8 @@ def test_two_trial_sweep_writes_parquet(tmp_path: Path, sweep: str, request: pyt
             *TINY_CPU,
             f"sweep={sweep}",
             "sweep.num_trials=2",
+            "sweep.report_every=2",
+            "sweep.tracking=[mlflow]",
             f"results.dir={tmp_path}",
             "results.run_id=test",
         )
@@ -60,6 +62,28 @@ def test_two_trial_sweep_writes_parquet(tmp_path: Path, sweep: str, request: pyt
     assert len(loaded_trials) == 2 and len(loaded_pareto) == len(pareto)
     assert run_spec_of(run).scenario.name == "cpu_interactive"
     assert Ranking.load(run / "ranking.safetensors").hidden.shape == (64,)
+    check_curves(run, trials, every=1 if sweep == "default" else 2, mlflow=sweep == "optuna")
+
+
+def check_curves(run: Path, trials: pd.DataFrame, every: int, mlflow: bool) -> None:
+    """Every trial's search curves (sweep.report_every): in curves.parquet, in Ray Tune's progress.csv (TensorBoard's
+    events beside it) and, with sweep.tracking=[mlflow], as MLflow metric histories, one MLflow run per trial."""
+    curves = pd.read_parquet(run / "curves.parquet")
+    steps = list(range(0, 6, every))  # TINY: search.steps=6
+    assert curves.groupby("trial_id")["step"].apply(list).to_dict() == {t: steps for t in trials["trial_id"]}
+    assert {"loss", "kl", "tau", "lambda_tpot_ms", "lambda_ttft_ms", "expected_tpot_ms", "expected_memory_gib"} <= set(curves.columns)
+    assert curves["lambda_tpot_ms"].notna().all() and (curves["kl"] >= 0).all()
+    progress = [pd.read_csv(p) for p in sorted((run / "tune").glob("*/progress.csv"))]
+    assert len(progress) == 2 and all(p["search_kl"].notna().sum() == len(steps) for p in progress)
+    assert len(list((run / "tune").glob("*/events.out.tfevents.*"))) == 2
+    if mlflow:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(f"sqlite:///{run / 'mlflow.db'}")
+        (exp,) = [e for e in client.search_experiments() if e.name == f"autocompress/cpu_interactive/{run.name}"]
+        runs = client.search_runs([exp.experiment_id])
+        assert len(runs) == 2 and all(len(client.get_metric_history(r.info.run_id, "search_kl")) == len(steps) for r in runs)
+        assert sorted(r.data.metrics["kl_select"] for r in runs) == pytest.approx(sorted(trials["kl_select"]))
 
 
 def test_existing_run_id_is_refused(tmp_path: Path) -> None:

@@ -147,6 +147,7 @@ RANGES: dict[str, dict[str, Range]] = {
         "pending_timeout_s": SECONDS,
         "max_concurrent_trials": COUNT0,
         "max_failures": COUNT0,
+        "report_every": COUNT0,
     },
     "ProfileSpec": {
         "n_random": COUNT0,

@@ -357,6 +357,9 @@ class SearchSpec:
             raise ConfigError(f"search.start={self.start!r} is unknown; use base (the unpruned model) or rival (the homogeneous rival)")
 
 
+TRACKERS = ("mlflow", "wandb")  # sweep.tracking: Ray Tune logger callbacks a sweep can send its trials to
+
+
 @dataclass(frozen=True)
 class SweepSpec:
     """How Ray Tune runs the searches."""
@@ -376,6 +379,9 @@ class SweepSpec:
     objective_cost: str = "tpot_ms"  # cost a multi-objective searcher trades against quality
     storage_path: str | None = None  # Ray Tune's storage: None = the run folder; an absolute shared path or s3:// gs:// URI
     optuna_storage: str | None = None  # None = a journal file in the run folder; or an Optuna storage URL
+    report_every: int = 1  # a trial reports its search's step record to Ray Tune every N steps (0 = the final row only)
+    tracking: tuple[str, ...] = ()  # also log every trial to: mlflow, wandb (Ray Tune's logger callbacks)
+    tracking_uri: str | None = None  # MLflow's tracking URI (None = <run folder>/mlruns)
 
     def __post_init__(self) -> None:
         if not isinstance(self.definition, Mapping):
@@ -407,6 +413,11 @@ class SweepSpec:
         _positive("sweep.max_failures", self.max_failures, allow_zero=True)
         if self.objective_cost not in METRICS:
             raise ConfigError(f"sweep.objective_cost={self.objective_cost!r}; use one of {sorted(METRICS)}")
+        unknown_tracking = sorted(set(self.tracking) - set(TRACKERS))
+        if unknown_tracking:
+            raise ConfigError(
+                f"sweep.tracking holds {unknown_tracking[0]!r}; use a list of {', '.join(TRACKERS)} (e.g. sweep.tracking=[mlflow])"
+            )
         path = self.storage_path
         if path is not None and not (re.match(r"^[a-z][a-z0-9+.-]*://.", path) or path.startswith("/")):
             raise ConfigError(

@@ -23,14 +23,14 @@ from autocompress.cluster import (
 from autocompress.config.compose import plain
 from autocompress.config.schema import RunSpec
 from autocompress.errors import ConfigError
-from autocompress.io import RUN_CONFIG, RUN_METADATA, RUN_PARETO, RUN_RANKING, RUN_TRIALS, write_json
+from autocompress.io import RUN_CONFIG, RUN_CURVES, RUN_METADATA, RUN_PARETO, RUN_RANKING, RUN_TRIALS, write_json
 from autocompress.results.runcheck import check_run_folder
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 OPTUNA_JOURNAL = "optuna.journal"
-RUN_FILES = [RUN_CONFIG, RUN_METADATA, RUN_RANKING, RUN_TRIALS, RUN_PARETO, OPTUNA_JOURNAL]
+RUN_FILES = [RUN_CONFIG, RUN_METADATA, RUN_RANKING, RUN_TRIALS, RUN_PARETO, RUN_CURVES, OPTUNA_JOURNAL]
 # how a run executes, not what it computes: a resume may change these
 EXECUTION_KEYS = (
     "ray_address",
@@ -41,6 +41,9 @@ EXECUTION_KEYS = (
     "pending_timeout_s",
     "max_concurrent_trials",
     "max_failures",
+    "report_every",  # what the run shows, not what it computes: a resume may change it too
+    "tracking",
+    "tracking_uri",
 )
 
 
@@ -82,6 +85,20 @@ class RunFolder:
 
     def write_metadata(self, meta: dict[str, Any]) -> None:
         write_json(meta, self.path / RUN_METADATA)
+        self.mirror()
+
+    def add_curves(self, steps: list[dict[str, Any]]) -> None:
+        """A finished trial's search curves (one row per reported step) appended to curves.parquet (rows of a trial that
+        ran again, after a lost node or a resume, replace its earlier ones)."""
+        import pandas as pd
+
+        from autocompress.io import write_parquet
+
+        path, new = self.path / RUN_CURVES, pd.DataFrame(steps)
+        if path.exists():
+            old = pd.read_parquet(path)
+            new = pd.concat([old[~old["trial_id"].isin(set(new["trial_id"]))], new], ignore_index=True)
+        write_parquet(new, path)
         self.mirror()
 
     def recorded_rows(self) -> list[dict[str, Any]]:

@@ -37,6 +37,7 @@ from autocompress.search.differentiable import SearchInputs, SearchResult
 from autocompress.search.moe import FAMILY, MoEPrepared, is_hybrid_moe, prepare_moe, run_moe_trial
 from autocompress.search.prepare import Prepared, prepare
 from autocompress.search.runfolder import OPTUNA_JOURNAL, RunFolder, check_resumable, driver_info, git_sha, new_run_dir
+from autocompress.search.tracking import CURVE, check_trackers, trackers
 
 
 class Interrupted(KeyboardInterrupt):
@@ -157,7 +158,13 @@ def run_trial(config: dict[str, Any], spec: RunSpec, inputs: SearchInputs, cost_
     torch.set_num_threads(threads)
     search = dataclasses.replace(spec.search, threads=threads)
     model = load_base_model(spec.model).model
-    result = run_search(model, inputs, cost_model, search, settings)
+    every = spec.sweep.report_every
+
+    def report_step(record: dict[str, float]) -> None:  # the search's curves: TensorBoard, progress.csv, curves.parquet, trackers
+        if int(record["step"]) % every == 0:
+            tune.report({f"{CURVE}{k}": v for k, v in record.items()})
+
+    result = run_search(model, inputs, cost_model, search, settings, on_step=report_step if every else None)
     row = trial_row(settings, result, inputs.constraints, cost_model)
     row["trial_id"] = tune.get_context().get_trial_id()
     tune.report(row)
@@ -181,11 +188,21 @@ def last_error(trial: Any) -> str:
 
 
 def _recorder(run: RunFolder, spec: RunSpec, rows: list[dict[str, Any]], total: int) -> Any:
-    """A Tune callback that records every finished trial in trials.parquet at once and logs one line for it."""
+    """A Tune callback that records every finished trial in trials.parquet at once and logs one line for it; its step
+    reports go to curves.parquet (one row per trial and step) when it finishes."""
     from ray import tune
 
+    curves: dict[str, list[dict[str, Any]]] = {}
+
     class TrialRecorder(tune.Callback):
+        def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any) -> None:
+            if f"{CURVE}step" in result:
+                step = {k.removeprefix(CURVE): v for k, v in result.items() if k.startswith(CURVE)}
+                curves.setdefault(trial.trial_id, []).append({"trial_id": trial.trial_id, **step})
+
         def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+            if curves.get(trial.trial_id):
+                run.add_curves(curves.pop(trial.trial_id))
             r = dict(trial.last_result or {})
             if r.get("status") != "ok":
                 self._add(error_row(trial.trial_id, trial.config, "the trial ended without a result", spec))
@@ -325,6 +342,9 @@ def _fit(
         trainable = tune.with_resources(
             tune.with_parameters(run_trial, spec=spec, inputs=prepared.inputs, cost_model=prepared.cost_model), resources
         )
+    if spec.sweep.report_every and searcher is not None:
+        # the search's step reports (search_*) carry no final metric; the multi-objective Optuna searcher ignores them
+        os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
     tuner = tune.Tuner(
         trainable,
         param_space=param_space,
@@ -339,7 +359,7 @@ def _fit(
             storage_path=run.tune_storage,
             verbose=0,
             failure_config=tune.FailureConfig(max_failures=spec.sweep.max_failures),
-            callbacks=[_recorder(run, spec, rows, spec.sweep.num_trials), _watcher(watch)],
+            callbacks=[_recorder(run, spec, rows, spec.sweep.num_trials), _watcher(watch), *trackers(spec, run)],
             stop=_stopper(watch),
         ),
     )
@@ -368,6 +388,7 @@ def preflight(spec: RunSpec) -> None:
         check_ray_address(spec.sweep.ray_address)
     if spec.sweep.storage_path:
         check_storage(spec.sweep.storage_path)  # an unreachable URI: refused now, not after 2 minutes of preparation
+    check_trackers(spec.sweep.tracking)
 
 
 def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -> Path:
