@@ -211,7 +211,7 @@ def test_a_trial_that_never_starts_ends_the_tune_run(tmp_path: Path, capsys: pyt
     from ray import tune
 
     from autocompress.cluster import PendingWatch
-    from autocompress.search.tune import _stopper, _watcher
+    from autocompress.search.tracking import stopper, watcher
 
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
@@ -219,7 +219,7 @@ def test_a_trial_that_never_starts_ends_the_tune_run(tmp_path: Path, capsys: pyt
         tuner = tune.Tuner(
             tune.with_resources(lambda config: {"x": 1}, {"cpu": 2}),
             tune_config=tune.TuneConfig(num_samples=1),
-            run_config=tune.RunConfig(storage_path=str(tmp_path), verbose=0, callbacks=[_watcher(watch)], stop=_stopper(watch)),
+            run_config=tune.RunConfig(storage_path=str(tmp_path), verbose=0, callbacks=[watcher(watch)], stop=stopper(watch)),
         )
         start = time.time()
         tuner.fit()

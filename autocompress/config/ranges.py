@@ -237,3 +237,11 @@ def check_ranges(obj: Any, key: str) -> None:
     message = out_of_range(type(obj), {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}, key)
     if message is not None:
         raise ConfigError(message)
+
+
+def positive(key: str, value: float, allow_zero: bool = False) -> None:
+    """`value` finite and > 0 (>= 0 with allow_zero), else one ConfigError naming `key`."""
+    if not math.isfinite(value):
+        raise ConfigError(f"{key} must be a finite number, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")

@@ -9,7 +9,6 @@ import datetime as dt
 import itertools
 import json
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -37,7 +36,7 @@ from autocompress.search.differentiable import SearchInputs, SearchResult
 from autocompress.search.moe import FAMILY, MoEPrepared, is_hybrid_moe, prepare_moe, run_moe_trial
 from autocompress.search.prepare import Prepared, prepare
 from autocompress.search.runfolder import OPTUNA_JOURNAL, RunFolder, check_resumable, driver_info, git_sha, new_run_dir
-from autocompress.search.tracking import CURVE, check_trackers, trackers
+from autocompress.search.tracking import CURVE, check_trackers, last_error, stopper, trackers, watcher
 
 
 class Interrupted(KeyboardInterrupt):
@@ -178,15 +177,6 @@ def error_row(trial_id: str, config: Mapping[str, Any], error: str, spec: RunSpe
     return {"trial_id": trial_id, "status": "error", "error": error.strip()[-2000:], "feasible": False, **settings}
 
 
-def last_error(trial: Any) -> str:
-    """The latest failure of a Tune trial, as text (Tune appends each to the driver's copy of error.txt)."""
-    path = trial.error_file
-    text = Path(path).read_text(errors="replace") if path and os.path.exists(path) else str(trial.get_error() or "")
-    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # colour codes of Ray tracebacks
-    last = text.rsplit("Failure # ", 1)[-1].split("\n", 1)[-1] if "Failure # " in text else text
-    return last.strip() or "unknown error"
-
-
 def _recorder(run: RunFolder, spec: RunSpec, rows: list[dict[str, Any]], total: int) -> Any:
     """A Tune callback that records every finished trial in trials.parquet at once and logs one line for it; its step
     reports go to curves.parquet (one row per trial and step) when it finishes."""
@@ -232,31 +222,6 @@ def _recorder(run: RunFolder, spec: RunSpec, rows: list[dict[str, Any]], total: 
             run.mirror()
 
     return TrialRecorder()
-
-
-def _watcher(watch: PendingWatch) -> Any:
-    """A Tune callback that feeds every controller step's trial states to `watch`."""
-    from ray import tune
-
-    class Watcher(tune.Callback):
-        def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
-            watch.step([t.status for t in trials])
-
-    return Watcher()
-
-
-def _stopper(watch: PendingWatch) -> Any:
-    """A Tune stopper that ends the experiment once `watch` has timed out (trials never stop on their own results)."""
-    from ray import tune
-
-    class Stopper(tune.Stopper):
-        def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
-            return False
-
-        def stop_all(self) -> bool:
-            return watch.timed_out
-
-    return Stopper()
 
 
 # --------------------------------------------------------------------------- the driver
@@ -359,8 +324,8 @@ def _fit(
             storage_path=run.tune_storage,
             verbose=0,
             failure_config=tune.FailureConfig(max_failures=spec.sweep.max_failures),
-            callbacks=[_recorder(run, spec, rows, spec.sweep.num_trials), _watcher(watch), *trackers(spec, run)],
-            stop=_stopper(watch),
+            callbacks=[_recorder(run, spec, rows, spec.sweep.num_trials), watcher(watch), *trackers(spec, run)],
+            stop=stopper(watch),
         ),
     )
     todo = spec.sweep.num_trials - len(rows)
