@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from autocompress.checkpoints.card import Exported, model_card, provenance, serv
 from autocompress.checkpoints.slicing import write_weights
 from autocompress.checkpoints.verification import verify_export, vllm_check
 from autocompress.errors import ConfigError
-from autocompress.io import RUN_PARETO, RUN_RANKING, RUN_TRIALS, check_output, staged
+from autocompress.io import RUN_PARETO, RUN_RANKING, RUN_TRIALS, check_output, log, staged
 from autocompress.model.base import load_base_model
 from autocompress.model.data import load_token_data
 from autocompress.results.runcheck import check_run_folder
@@ -127,10 +128,17 @@ def export(req: ExportRequest) -> Exported | dict[str, Any]:
         if tokenizer_saved := hasattr(tokenizer, "save_pretrained"):
             tokenizer.save_pretrained(tmp)
         check = None
-        if req.verify:
+        if req.verify:  # the long part of an export: say what runs, then how long it took
+            start = time.time()
+            log(f"verifying {req.out.name}: its logits and greedy tokens against the searched model's (transformers, fp32)")
             ids = load_token_data(spec.data, tokenizer, splits=("report",)).report[:4]
             check, prompts, got = verify_export(tmp, model, space, ranking, arch, ids)
-            check = vllm_check(tmp, arch, prompts, got, check) if req.vllm else check
+            log(f"verified in {time.time() - start:.0f}s: max |logit difference| {check.max_abs_logit_diff:.2e}")
+            if req.vllm:
+                start = time.time()
+                log("serving it in vLLM (fp32, eager, in a subprocess) for the same greedy tokens")
+                check = vllm_check(tmp, arch, prompts, got, check)
+                log(f"vLLM check done in {time.time() - start:.0f}s")
         exported = Exported(req.out, fmt, arch, base, row, meta, spec, run_dir, tokenizer_saved, check)
         config = json.loads((tmp / "config.json").read_text())  # where it came from, for whoever loads it without the card
         (tmp / "config.json").write_text(json.dumps({**config, "autocompress": provenance(spec)}, indent=2) + "\n", encoding="utf-8")
