@@ -32,7 +32,7 @@ HEAVY_FIRST = (
     "test_plan",
     "test_export",
 )
-SHARED_UNIT = {"test_report": "test_sweep"}  # both read the session fixture `tiny_sweep`
+SHARED_UNIT = {"test_report": "test_sweep", "test_doc_snippets": "test_sweep"}  # they read the session fixture `tiny_sweep`
 
 
 def _unit(nodeid: str) -> str:

@@ -1,0 +1,79 @@
+"""The code in README.md and docs/ runs as written (issue 44): every Python block runs against a real run folder (the
+tiny sweep; its paths put in for the docs' example paths), and every sweep / compare command line in a bash block
+composes and passes the config checks (running them is the benchmarks' job). docs/benchmarks.md is a record of past
+runs and docs/scenarios.md has its own test (tests/test_scenarios_doc.py)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT, run_cli
+
+DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in ("benchmarks.md", "scenarios.md"))]
+RUN_PATH = re.compile(r"results/h100_batched/(RUN_ID|\d{8}-\d{6})")
+
+
+def _blocks(kind: str) -> list[tuple[str, str]]:
+    return [(f"{p.name}:{n}", b) for p in DOCS for n, b in enumerate(re.findall(rf"```{kind}\n(.*?)```", p.read_text(), re.S))]
+
+
+PYTHON = _blocks("python")
+COMMANDS = [
+    (name, line.split("#")[0].replace("\\\n", " "))
+    for name, block in _blocks("bash")
+    for line in block.replace("\\\n", " ").splitlines()
+    if re.match(r"\.venv/bin/python -m autocompress\.(sweep|compare) ", line)
+]
+
+
+def test_the_docs_have_code_to_check() -> None:
+    assert len(PYTHON) >= 3 and len(COMMANDS) >= 8, (PYTHON, COMMANDS)
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_sweep: tuple[Path, subprocess.CompletedProcess[str]], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Row 0 of the tiny run's front, exported, with a tokenizer as a real model's export has (the tiny model has none)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    run, _ = tiny_sweep
+    out = tmp_path_factory.mktemp("exported") / "pruned"
+    done = run_cli("autocompress.export", str(run), "index=0", f"out={out}", "verify=false")
+    assert done.returncode == 0, done.stderr[-2000:]
+    words = {f"w{i}": i for i in range(256)}
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(words, unk_token="w0")), unk_token="w0").save_pretrained(out)
+    return out
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(("name", "code"), PYTHON, ids=[n for n, _ in PYTHON])
+def test_every_python_block_runs(name: str, code: str, tiny_sweep: tuple[Path, subprocess.CompletedProcess[str]], exported: Path) -> None:
+    run, _ = tiny_sweep
+    code = RUN_PATH.sub(str(run), code).replace('"pruned/"', f'"{exported}"')
+    assert str(run) in code or str(exported) in code, f"{name}: no example path this test knows how to fill in"
+    script = "import matplotlib\nmatplotlib.use('Agg')\n" + code
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, f"{name}:\n{code}\n{out.stderr[-3000:]}"
+
+
+@pytest.mark.parametrize(("name", "line"), COMMANDS, ids=[n for n, _ in COMMANDS])
+def test_every_sweep_and_compare_line_composes(name: str, line: str) -> None:
+    """The line's overrides compose and pass the checks a run applies before any work (keys renamed or values out of
+    range in a doc fail here)."""
+    from autocompress.baselines.comparison import job_from_dict
+    from autocompress.config.build import run_spec_from_dict
+    from autocompress.config.compose import compose_dict
+
+    args = shlex.split(line)[3:]  # after `.venv/bin/python -m autocompress.X`
+    command = shlex.split(line)[2].rsplit(".", 1)[1]
+    overrides = [a for a in args if a not in ("--cfg", "job") and "=" in a]
+    overrides = [o for o in overrides if not o.startswith(("resume=", "compare.run="))]  # folders of runs made earlier
+    data = compose_dict(*overrides)
+    run_spec_from_dict(data) if command == "sweep" else job_from_dict(data)
