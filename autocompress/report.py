@@ -1,4 +1,5 @@
-"""`python -m autocompress.report RUN_DIR [RUN_DIR ...] [--out DIR]`: a Markdown report with PNG figures, and the key table.
+"""`python -m autocompress.report RUN_DIR [RUN_DIR ...] [--out DIR]`: a Markdown report (and the same as report.html)
+with PNG figures, and the key table.
 
 One run: RUN_DIR/report/. Several runs (of one scenario or several): a `report/` folder beside
 them, under their common parent. Every file is written to a temporary name and renamed, and
@@ -192,7 +193,9 @@ def write_report(runs: Sequence[Run], out: Path) -> Path:
         head = ["# AutoCompress report", "", "Runs: " + ", ".join(f"`{r.path}`" for r in runs), ""]
         if many:
             head += summary_section(runs, out)
-        return write_text("\n".join(head) + "\n" + "\n\n".join(sections) + "\n", out / "report.md")
+        text = "\n".join(head) + "\n" + "\n\n".join(sections) + "\n"
+        write_text(html_page(text), out / "report.html")  # the same report for a browser, its figures beside it
+        return write_text(text, out / "report.md")
     except BaseException:  # no figures of a report that never got its report.md (earlier files stay)
         for path in set(out.iterdir()) - before:
             path.unlink(missing_ok=True)
@@ -200,6 +203,22 @@ def write_report(runs: Sequence[Run], out: Path) -> Path:
             with contextlib.suppress(OSError):
                 folder.rmdir()
         raise
+
+
+HTML_STYLE = (
+    "body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem;line-height:1.45}"
+    "table{border-collapse:collapse;margin:1rem 0;font-size:.9rem}th,td{border:1px solid #ccc;padding:.25rem .5rem;"
+    "text-align:right}th{background:#f3f3f3}img{max-width:100%}code{background:#f3f3f3;padding:0 .2rem}"
+)
+
+
+def html_page(markdown: str) -> str:
+    """report.md as one HTML page (tables, figures by their relative paths), for a browser or a shared folder."""
+    from markdown_it import MarkdownIt
+
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(markdown)
+    head = f'<meta charset="utf-8"><title>AutoCompress report</title><style>{HTML_STYLE}</style>'
+    return f"<!DOCTYPE html>\n<html><head>{head}</head><body>\n{body}</body></html>\n"
 
 
 def summary_section(runs: Sequence[Run], out: Path) -> list[str]:

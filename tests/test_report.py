@@ -244,9 +244,14 @@ def test_report_of_several_scenarios_compares_them(tiny_run: Path, tmp_path: Pat
         "handmade_h1_pareto_accuracy_mmlu.png",
         "handmade_h1_pareto_kl.png",
         "handmade_h1_pareto_perplexity.png",
+        "report.html",
         "report.md",
     ]
     text = (folder / "report.md").read_text()
+    page = (folder / "report.html").read_text()  # the same report in a browser: every table and every figure
+    tables = sum(line.startswith("|---") for line in text.splitlines())
+    assert page.count("<table>") == tables > 0 and page.count("<img ") == text.count("![") == len(names) - 2
+    assert all(f'src="{name}"' in page for name in names if name.endswith(".png"))
     assert "failed (last line of the first error: `RuntimeError: boom`)" in text and "TTFT ≤ 15 ms (0.60x base)" in text
     assert text.index("## Summary") < text.index("## handmade/h1") < text.index("## cpu_interactive/r1")
 
