@@ -176,7 +176,7 @@ def baseline_stage(job: CompareJob, ctx: Context, name: str, out: Path) -> None:
     compare.runner_up its runner-up's checkpoint and record too, made the same way."""
     from autocompress.baselines.interface import BASELINES
 
-    pick = BASELINES[name].pick(_pick_context(job, ctx, name, out), getattr(job.compare, name))
+    pick = BASELINES[name].pick(_pick_context(job, ctx, name, out), job.compare.settings_of(name))
     report = _ReportSplit(ctx)
     summary = pick.summary()
     shape = pick.description or (
@@ -308,7 +308,12 @@ def _baseline_model(job: CompareJob, ctx: Context, out: Path, stages: Stages, na
     from autocompress.baselines.interface import BASELINES
 
     baseline = BASELINES[name]
-    key = {name: dataclasses.asdict(getattr(job.compare, name)), **(baseline.key() if baseline.key else {}), **pick_inputs(ctx)}
+    settings = job.compare.settings_of(name)
+    key = {
+        name: dataclasses.asdict(settings) if settings is not None else None,
+        **(baseline.key() if baseline.key else {}),
+        **pick_inputs(ctx),
+    }
     if baseline.probes and job.compare.probe.on:  # without it, keys made before the probe still match
         key["probe"] = _probe_inputs(job, ctx)
     if job.compare.runner_up:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -83,8 +84,44 @@ def test_sublayer_order_covers_every_sublayer(tiny_model: Any, tokens: torch.Ten
 def test_every_registered_baseline_keeps_the_pick_contract(name: str, tiny_model: Any, tiny_space: SearchSpace) -> None:
     """What compare relies on from any baseline in BASELINES: a pick inside the space that meets every bound, its
     selection-split KL, a ranking the export can slice by, and a summary with the shape per layer."""
-    from autocompress.arch.importance import teacher_hidden
     from autocompress.baselines.comparison import CompareSpec
+
+    check_pick_contract(name, CompareSpec().settings_of(name), tiny_model, tiny_space)
+
+
+@dataclass(frozen=True)
+class MineSpec:
+    importance_sequences: int = 16
+
+
+def mine_pick(ctx: Any, settings: MineSpec) -> Any:
+    """A toy baseline, as docs/baselines.md "Adding a baseline" writes one: greedy removal under its own name."""
+    from autocompress.baselines.interface import NaiveSpec, greedy_pick
+
+    return replace(greedy_pick(ctx, NaiveSpec(importance_sequences=settings.importance_sequences)), label="my baseline")
+
+
+def test_adding_a_baseline_as_documented(tiny_model: Any, tiny_space: SearchSpace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/baselines.md's three steps: a module (MineSpec, mine_pick above), one BASELINES entry, its settings as
+    compare.mine; compare.methods then names it, its settings reach its pick, and it keeps the contract."""
+    from autocompress.baselines.comparison import job_from_dict, known_methods, title
+    from autocompress.baselines.interface import Baseline
+    from autocompress.config.compose import compose_dict
+    from autocompress.errors import ConfigError
+
+    monkeypatch.setitem(BASELINES, "mine", Baseline(mine_pick, "Mine", settings=MineSpec))
+    common = ["+scenario=cpu_interactive", "model=tiny_llama", "compare.methods=[autocompress,mine]"]
+    job = job_from_dict(compose_dict(*common, "+compare.mine.importance_sequences=4"))
+    assert "mine" in known_methods() and title("mine") == "Mine" and job.compare.resolved_methods(False) == ("autocompress", "mine")
+    assert job.compare.settings_of("mine") == MineSpec(4)
+    assert job_from_dict(compose_dict(*common)).compare.settings_of("mine") == MineSpec()  # no compare.mine: its defaults
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) compare\.mine\.importance_sequencez"):
+        job_from_dict(compose_dict(*common, "+compare.mine.importance_sequencez=4"))
+    check_pick_contract("mine", job.compare.settings_of("mine"), tiny_model, tiny_space)
+
+
+def check_pick_contract(name: str, settings: Any, tiny_model: Any, tiny_space: SearchSpace) -> None:
+    from autocompress.arch.importance import teacher_hidden
     from autocompress.baselines.interface import PickContext
 
     hw = Hardware(name="cpu", peak_tflops=0.1, mem_bandwidth_gbs=20, memory_gib=16, step_overhead_ms=0, block_overhead_us=0)
@@ -93,7 +130,7 @@ def test_every_registered_baseline_keeps_the_pick_contract(name: str, tiny_model
     calib = torch.randint(0, 256, (8, 16), generator=torch.Generator().manual_seed(1))
     select = torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(2))
     ctx = PickContext(tiny_model, tiny_space, cm, cons, calib, select, teacher_hidden(tiny_model, select, progress=False), progress=False)
-    pick = BASELINES[name].pick(ctx, getattr(CompareSpec(), name))  # its settings: CompareSpec's field of the same name
+    pick = BASELINES[name].pick(ctx, settings)
     assert tiny_space.allows(pick.arch) and meets(cm, cons, pick.arch)
     assert pick.kl_select > 0 and pick.label and sorted(pick.ranking.ffn[0].tolist()) == list(range(96))
     summary = pick.summary()

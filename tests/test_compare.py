@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from autocompress.baselines.comparison import METHODS, job_from_dict, paired_bootstrap
+from autocompress.baselines.comparison import job_from_dict, known_methods, paired_bootstrap
 from autocompress.baselines.context import pick_trial, top_trials
 from autocompress.compare import run_compare
 from autocompress.config.build import run_spec_from_dict
@@ -247,7 +247,7 @@ def test_compare_runs_every_stage_and_reuses_them(
     assert seconds["base/eval"] == "reused" and seconds["autocompress/eval-seed0"] != "reused", seconds
     check_probe(tmp_path / "other", pd.read_parquet(run / "trials.parquet"))
     check_runner_ups(tmp_path / "other")
-    budgets = {m: s["budget"] for m, s in json.loads((tmp_path / "other" / "compare.json").read_text()).items() if m in METHODS}
+    budgets = {m: s["budget"] for m, s in json.loads((tmp_path / "other" / "compare.json").read_text()).items() if m in known_methods()}
     assert budgets["autocompress"]["selection_evaluations"] == 2 and budgets["puzzletron"]["selection_evaluations"] == 3
     assert budgets["minitron"]["selection_evaluations"] == len(pd.read_parquet(tmp_path / "other" / "minitron" / "candidates.parquet"))
     assert budgets["puzzletron"]["one_block_evaluations"] > 0

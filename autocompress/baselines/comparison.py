@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -21,10 +22,22 @@ from autocompress.quality.probe import ProbeSpec
 from autocompress.quality.tasks import TASKS
 
 COSTS = tuple(METRICS)  # every constrained cost, in the one metric table's order
-METHODS = ("autocompress", *BASELINES)  # what compare.methods may name
 DEFAULT_METHODS = ("autocompress", "minitron", "puzzletron")
-LLAMA_ONLY = tuple(n for n, b in BASELINES.items() if b.llama_only)  # left out of a hybrid-MoE run's default methods
-TITLES = {"autocompress": "AutoCompress", **{n: b.title for n, b in BASELINES.items()}}
+
+
+def known_methods() -> tuple[str, ...]:
+    """What compare.methods may name: AutoCompress and every baseline registered in BASELINES (read when asked)."""
+    return ("autocompress", *BASELINES)
+
+
+def title(method: str) -> str:
+    """A method's name in tables."""
+    return "AutoCompress" if method == "autocompress" else BASELINES[method].title if method in BASELINES else method
+
+
+def llama_only(method: str) -> bool:
+    """Left out of a hybrid-MoE run's default methods, refused when named there."""
+    return method in BASELINES and BASELINES[method].llama_only
 
 
 @dataclass(frozen=True)
@@ -47,6 +60,8 @@ class CompareSpec:
     probe: ProbeSpec = field(default_factory=ProbeSpec)  # pick each method's final candidate after a short distillation
     test_split: bool = False  # the held-out test split (data.test_share): KL and perplexity of every distilled model (the headline's)
     runner_up: bool = False  # each method's runner-up by its own selection score, distilled and scored alike (pick noise; the headline's)
+    # the settings of registered baselines that have no field above (Baseline.settings), by name: compare.<name>
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
@@ -57,9 +72,9 @@ class CompareSpec:
         if self.methods is not None:
             methods = tuple(str(m) for m in self.methods)
             object.__setattr__(self, "methods", methods)
-            unknown = [m for m in methods if m not in METHODS]
+            unknown = [m for m in methods if m not in known_methods()]
             if unknown:
-                raise ConfigError(f"compare.methods names {unknown}; known methods: {list(METHODS)}")
+                raise ConfigError(f"compare.methods names {unknown}; known methods: {list(known_methods())}")
             if not methods or methods[0] != "autocompress" or len(set(methods)) != len(methods) or len(methods) < 2:
                 raise ConfigError(
                     f"compare.methods={list(methods)}: start with autocompress and name each baseline once, "
@@ -78,11 +93,20 @@ class CompareSpec:
         """The methods of a run of this family: the default drops the Llama-only ones for a hybrid-MoE run, where naming
         one is refused."""
         if self.methods is None:
-            return tuple(m for m in DEFAULT_METHODS if not (hybrid and m in LLAMA_ONLY))
-        wrong = [m for m in self.methods if hybrid and m in LLAMA_ONLY]
+            return tuple(m for m in DEFAULT_METHODS if not (hybrid and llama_only(m)))
+        wrong = [m for m in self.methods if hybrid and llama_only(m)]
         if wrong:
             raise ConfigError(f"compare.methods: {', '.join(wrong)} prune(s) Llama-family models only; drop it for a hybrid-MoE run")
         return self.methods
+
+    def settings_of(self, method: str) -> Any:
+        """A baseline's settings: CompareSpec's field of its name, else compare.<name> built as its Baseline.settings."""
+        if method in {f.name for f in fields(self)}:
+            return getattr(self, method)
+        if method in self.extra:
+            return self.extra[method]
+        baseline = BASELINES[method]
+        return baseline.settings() if baseline.settings is not None else None
 
 
 @dataclass(frozen=True)
@@ -93,10 +117,25 @@ class CompareJob:
     evaluate: EvalSpec
 
 
+def compare_spec(data: Mapping[str, Any]) -> CompareSpec:
+    """compare.* as CompareSpec; compare.<name> of a registered baseline without a field of its own is built as that
+    baseline's settings class (Baseline.settings) into CompareSpec.extra."""
+    data = dict(data)
+    own = {f.name for f in fields(CompareSpec)} - {"extra"}
+    extra: dict[str, Any] = {
+        name: build(b.settings, data.pop(name) or {}, f"compare.{name}")
+        for name, b in BASELINES.items()
+        if name not in own and b.settings is not None and name in data
+    }
+    if "extra" in data:
+        raise ConfigError("compare.extra is not a setting: give a baseline's settings as compare.<name>")
+    return replace(build(CompareSpec, data, "compare"), extra=extra)
+
+
 def job_from_dict(cfg: dict[str, Any]) -> CompareJob:
     return CompareJob(
         spec=run_spec_from_dict(cfg),
-        compare=build(CompareSpec, cfg.get("compare") or {}, "compare"),
+        compare=compare_spec(cfg.get("compare") or {}),
         distill=build(DistillSpec, cfg.get("distill") or {}, "distill"),
         evaluate=build(EvalSpec, cfg.get("evaluate") or {}, "evaluate"),
     )
@@ -228,7 +267,7 @@ def markdown(frame: pd.DataFrame, diffs: dict[str, pd.DataFrame], constraints: t
         lines.append("| " + " | ".join(cells) + " |")
     for method, diff in diffs.items():
         cells = [
-            f"AutoCompress - {TITLES.get(method, method)} (95% CI)",
+            f"AutoCompress - {title(method)} (95% CI)",
             "",
             *[""] * len(cost_cols),
             *["" for c in cost_cols if f"measured_{c}" in frame],

@@ -2,8 +2,8 @@
 
 A baseline sees the unpruned model, the search space, the run's cost model and absolute constraints and the token
 splits (it chooses on the selection split only) and returns its architecture with what compare records of it. Adding
-a baseline (docs/baselines.md): a function `pick(ctx, settings) -> Pick` here (or in its own module), one entry in
-BASELINES, its settings dataclass as a field of CompareSpec and under `compare.<name>` in conf/compare/default.yaml.
+a baseline (docs/baselines.md): a module with its settings dataclass and `pick(ctx, settings) -> Pick`, one entry in
+BASELINES (`Baseline(pick, title, settings=ItsSpec)`), its defaults under `compare.<name>` in conf/compare/default.yaml.
 Minitron sits here too, for both families compare runs (Llama: autocompress.baselines.minitron; hybrid MoE:
 autocompress.baselines.minitron_moe). Minitron and Puzzletron pick among their top-N candidates with compare.probe
 (`PickContext.probe`), as AutoCompress's trials are picked: every method gets the same probe.
@@ -241,6 +241,9 @@ class Baseline:
     llama_only: bool = True  # left out of a hybrid-MoE run's default methods, refused when named there
     probes: bool = False  # picks among its candidates with compare.probe when that is on
     key: Callable[[], dict[str, Any]] | None = None  # what else its pick depends on (part of its stage key)
+    # Its settings dataclass, read from compare.<name> (conf/compare/default.yaml); None: a field of CompareSpec holds
+    # them (the baselines shipped before this entry existed) or the baseline takes none.
+    settings: type | None = None
 
 
 BASELINES: dict[str, Baseline] = {

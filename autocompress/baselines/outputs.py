@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from autocompress.baselines.comparison import TITLES, CompareJob, Model, markdown, model_row, paired_bootstrap
+from autocompress.baselines.comparison import CompareJob, Model, markdown, model_row, paired_bootstrap, title
 from autocompress.baselines.context import Context
 from autocompress.io import write_json, write_parquet, write_text
 
@@ -50,8 +50,8 @@ def write_outputs(
     write_parquet(pd.concat([d.assign(method=n) for n, d in diffs.items()], ignore_index=True), out / "diffs.parquet")
     write_parquet(diffs[first], out / "diff.parquet")
     text = markdown(frame, diffs, ctx.constraints, note, job)
-    title = " vs ".join(TITLES[m.name] for m in models[1:])
-    write_text(f"# {title}: `{ctx.spec.scenario.name}`\n\n" + text, out / "compare.md")
+    title_ = " vs ".join(title(m.name) for m in models[1:])
+    write_text(f"# {title_}: `{ctx.spec.scenario.name}`\n\n" + text, out / "compare.md")
     diff_vs = {}
     for name, d in diffs.items():
         avg = d.set_index("task").loc["average"]
