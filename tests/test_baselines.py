@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -89,27 +88,32 @@ def test_every_registered_baseline_keeps_the_pick_contract(name: str, tiny_model
     check_pick_contract(name, CompareSpec().settings_of(name), tiny_model, tiny_space)
 
 
-@dataclass(frozen=True)
-class MineSpec:
-    importance_sequences: int = 16
+def documented_baseline() -> dict[str, Any]:
+    """The module docs/baselines.md "Adding a baseline" prints (MineSpec, pick), executed as written."""
+    import re
+    import textwrap
+    from pathlib import Path
 
-
-def mine_pick(ctx: Any, settings: MineSpec) -> Any:
-    """A toy baseline, as docs/baselines.md "Adding a baseline" writes one: greedy removal under its own name."""
-    from autocompress.baselines.interface import NaiveSpec, greedy_pick
-
-    return replace(greedy_pick(ctx, NaiveSpec(importance_sequences=settings.importance_sequences)), label="my baseline")
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "baselines.md").read_text()
+    section = doc.split("## Adding a baseline", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    namespace: dict[str, Any] = {}
+    exec(textwrap.dedent(code), namespace)
+    return namespace
 
 
 def test_adding_a_baseline_as_documented(tiny_model: Any, tiny_space: SearchSpace, monkeypatch: pytest.MonkeyPatch) -> None:
-    """docs/baselines.md's three steps: a module (MineSpec, mine_pick above), one BASELINES entry, its settings as
-    compare.mine; compare.methods then names it, its settings reach its pick, and it keeps the contract."""
+    """docs/baselines.md's three steps: its module (MineSpec, pick: the doc's code, run as written), one BASELINES
+    entry, its settings as compare.mine; compare.methods then names it, its settings reach its pick, and it keeps the
+    contract."""
     from autocompress.baselines.comparison import job_from_dict, known_methods, title
     from autocompress.baselines.interface import Baseline
     from autocompress.config.compose import compose_dict
     from autocompress.errors import ConfigError
 
-    monkeypatch.setitem(BASELINES, "mine", Baseline(mine_pick, "Mine", settings=MineSpec))
+    module = documented_baseline()
+    MineSpec = module["MineSpec"]
+    monkeypatch.setitem(BASELINES, "mine", Baseline(module["pick"], "Mine", settings=MineSpec))
     common = ["+scenario=cpu_interactive", "model=tiny_llama", "compare.methods=[autocompress,mine]"]
     job = job_from_dict(compose_dict(*common, "+compare.mine.importance_sequences=4"))
     assert "mine" in known_methods() and title("mine") == "Mine" and job.compare.resolved_methods(False) == ("autocompress", "mine")

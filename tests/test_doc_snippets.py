@@ -5,10 +5,12 @@ runs and docs/scenarios.md has its own test (tests/test_scenarios_doc.py)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,8 @@ RUN_PATH = re.compile(r"results/h100_batched/(RUN_ID|\d{8}-\d{6})")
 
 
 def _blocks(kind: str) -> list[tuple[str, str]]:
-    return [(f"{p.name}:{n}", b) for p in DOCS for n, b in enumerate(re.findall(rf"```{kind}\n(.*?)```", p.read_text(), re.S))]
+    found = [(p, re.findall(rf"```{kind}\n(.*?)```", p.read_text(), re.S)) for p in DOCS]
+    return [(f"{p.name}:{n}", textwrap.dedent(b)) for p, blocks in found for n, b in enumerate(blocks)]  # list items indent
 
 
 PYTHON = _blocks("python")
@@ -32,8 +35,37 @@ COMMANDS = [
 ]
 
 
+RUNNABLE = [  # report / export lines on an example run folder, nothing else left to fill in: run as written
+    (name, line.split("#")[0].strip())
+    for name, block in _blocks("bash")
+    for line in block.splitlines()
+    if re.match(r"\.venv/bin/python -m autocompress\.(report|export) ", line)
+    and RUN_PATH.search(line)
+    and not re.search(r"\bID\b(?!\w)|=ID|DIR|[*<]", RUN_PATH.sub("", line.split("#")[0]))
+]
+
+
 def test_the_docs_have_code_to_check() -> None:
-    assert len(PYTHON) >= 3 and len(COMMANDS) >= 8, (PYTHON, COMMANDS)
+    assert len(PYTHON) >= 3 and len(COMMANDS) >= 8 and len(RUNNABLE) >= 4, (PYTHON, COMMANDS, RUNNABLE)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(("name", "line"), RUNNABLE, ids=[n for n, _ in RUNNABLE])
+def test_report_and_export_lines_run_as_written(
+    name: str, line: str, tiny_sweep: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    """README's and the docs' report / export commands, on a copy of the tiny run (its path for the example's)."""
+    import shutil
+
+    run = shutil.copytree(tiny_sweep[0], tmp_path / "run")
+    args = shlex.split(RUN_PATH.sub(str(run), line))[1:]  # `-m autocompress.X ...`, from the folder the doc's paths are in
+    work = tmp_path / "cwd"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, *args], cwd=work, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, f"{name}: {line}\n{out.stderr[-3000:]}"
+    made = {"report": run / "report" / "report.md", "export": work / "pruned" / "README.md"}[args[1].rsplit(".", 1)[1]]
+    assert made.exists(), out.stdout
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +89,6 @@ def exported(tiny_sweep: tuple[Path, subprocess.CompletedProcess[str]], tmp_path
 def test_every_python_block_runs(name: str, code: str, tiny_sweep: tuple[Path, subprocess.CompletedProcess[str]], exported: Path) -> None:
     run, _ = tiny_sweep
     code = RUN_PATH.sub(str(run), code).replace('"pruned/"', f'"{exported}"')
-    assert str(run) in code or str(exported) in code, f"{name}: no example path this test knows how to fill in"
     script = "import matplotlib\nmatplotlib.use('Agg')\n" + code
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, f"{name}:\n{code}\n{out.stderr[-3000:]}"
