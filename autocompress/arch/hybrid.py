@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from autocompress.config.families import HYBRID_MOE, NEMOTRON_H
 from autocompress.errors import ConfigError
 
 KINDS = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
@@ -152,7 +153,7 @@ class HybridModel:
             raise ConfigError(f"architecture.path={path}: {p} is not a JSON config ({exc})") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"architecture.path={path}: {p} holds no JSON object")
-        if data.get("model_type") not in (None, "nemotron_h"):
+        if data.get("model_type") not in (None, NEMOTRON_H):
             raise ConfigError(
                 f"architecture.path={path} is a {data.get('model_type')!r} model; the planner reads Nemotron-H (nemotron_h) configs"
             )
@@ -168,7 +169,7 @@ class HybridModel:
         if c.get("num_local_experts", 0) < 1:
             raise ConfigError("the GraniteMoeHybrid model has no routed experts (num_local_experts=0); prune it as a dense model")
         return HybridModel(
-            name=name or str(c.get("_name_or_path") or "granitemoehybrid"),
+            name=name or str(c.get("_name_or_path") or HYBRID_MOE),
             hybrid_override_pattern=pattern,
             hidden_size=c["hidden_size"],
             vocab_size=c["vocab_size"],
@@ -260,7 +261,7 @@ def shape_config(model: HybridModel, shape: Mapping[str, Any]) -> dict[str, Any]
         seen[kind] += 1
     out = {f.name: getattr(model, f.name) for f in fields(model) if f.name not in ("name", "source", "gated_mlp")}
     out |= {k: int(shape[k]) for k in WIDTHS}
-    out |= {"hybrid_override_pattern": "".join(kept), "num_hidden_layers": len(kept), "model_type": "nemotron_h"}
+    out |= {"hybrid_override_pattern": "".join(kept), "num_hidden_layers": len(kept), "model_type": NEMOTRON_H}
     return out
 
 

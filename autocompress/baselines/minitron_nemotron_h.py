@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from autocompress.arch.hybrid import SHAPE_KEYS
+from autocompress.config.families import NEMOTRON_H
 from autocompress.config.schema import DataSpec
 from autocompress.errors import ConfigError
 
@@ -46,7 +47,7 @@ def load(path: str | Path) -> tuple[Any, Any]:
     if not any((folder / f).exists() for f in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")):
         raise ConfigError(f"plan.weights=true needs a checkpoint with weights at architecture.path={path} (no weight files there)")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval().requires_grad_(False)
-    if model.config.model_type != "nemotron_h":
+    if model.config.model_type != NEMOTRON_H:
         raise ConfigError(f"architecture.path={path} is a {model.config.model_type!r} model; plan.weights takes Nemotron-H checkpoints")
     return model, AutoTokenizer.from_pretrained(folder)
 

@@ -15,6 +15,7 @@ from autocompress.arch.space import Architecture, SearchSpace
 from autocompress.checkpoints.card import Exported, model_card, provenance, serving_settings, undistilled_warning
 from autocompress.checkpoints.slicing import write_weights
 from autocompress.checkpoints.verification import verify_export, vllm_check
+from autocompress.config.families import HYBRID_MOE
 from autocompress.config.schema import RunSpec
 from autocompress.errors import ConfigError
 from autocompress.io import RUN_PARETO, RUN_RANKING, RUN_TRIALS, check_output, log, staged
@@ -143,7 +144,7 @@ def export(req: ExportRequest) -> Exported | dict[str, Any]:
     row = select_trial(path, req.trial, req.index, req.force)
     run_dir, spec, meta = run.path, run.spec, run.metadata
     assert spec is not None  # config="required"
-    if row.get("family") == "granitemoehybrid":
+    if row.get("family") == HYBRID_MOE:
         from autocompress.checkpoints.moe_export import export_moe
 
         return export_moe(row, spec, req.out, req.overwrite, req.verify, req.vllm)

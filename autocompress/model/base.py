@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from autocompress.config.families import DECILM, HYBRID_MOE, LLAMA, NEMOTRON_H
 from autocompress.config.schema import ModelSpec
 from autocompress.errors import ConfigError
 
@@ -115,9 +116,9 @@ def tiny_llama(spec: ModelSpec) -> Any:
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # org/name: transformers fetches it from the hub
 FAMILY_HELP = {
-    "granitemoehybrid": "GraniteMoeHybrid models: sweep, export and compare take them; distill / evaluate as a checkpoint folder",
-    "nemotron-nas": "a DeciLM export of a pruned model: evaluate or distill it as a checkpoint; sweep the model it was pruned from",
-    "nemotron_h": "Nemotron-H models are planned from their config: python -m autocompress.plan architecture.path=DIR",
+    HYBRID_MOE: "GraniteMoeHybrid models: sweep, export and compare take them; distill / evaluate as a checkpoint folder",
+    DECILM: "a DeciLM export of a pruned model: evaluate or distill it as a checkpoint; sweep the model it was pruned from",
+    NEMOTRON_H: "Nemotron-H models are planned from their config: python -m autocompress.plan architecture.path=DIR",
 }
 
 
@@ -126,7 +127,7 @@ def has_tokenizer(path: Path) -> bool:
 
 
 def check_model_folder(
-    path: str | Path, key: str, families: tuple[str, ...] | None = ("llama",), tokenizer: bool = True
+    path: str | Path, key: str, families: tuple[str, ...] | None = (LLAMA,), tokenizer: bool = True
 ) -> dict[str, Any] | None:
     """`path`'s config.json, checked before anything loads: the folder holds a parseable config of one of `families`
     (None: any) with whole head groups, intact weights and (`tokenizer`) tokenizer files. None for a hub id (transformers
@@ -158,7 +159,7 @@ def check_model_folder(
     return config
 
 
-def check_model_spec(spec: ModelSpec, families: tuple[str, ...] = ("llama", "granitemoehybrid")) -> None:
+def check_model_spec(spec: ModelSpec, families: tuple[str, ...] = (LLAMA, HYBRID_MOE)) -> None:
     """model=hf model.path=...: the folder checked up front (commands call this before their run folder exists)."""
     if spec.source == "hf" and spec.path:
         check_model_folder(spec.path, "model.path", families)
@@ -221,7 +222,7 @@ def load_base_model(spec: ModelSpec) -> BaseModel:
             first = str(exc).splitlines()[0] if str(exc) else ""
             why = f"{type(exc).__name__}: {first}"
             raise ConfigError(f"model.path={path} could not be loaded ({why}); give a local checkpoint folder or a hub id") from exc
-        if model.config.model_type != "llama":
+        if model.config.model_type != LLAMA:
             raise ConfigError(f"model.path={path} is a {model.config.model_type!r} model; only Llama-family models are supported")
     model.eval()
     model.requires_grad_(False)

@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from autocompress.arch.space import Architecture
+from autocompress.config.families import LLAMA
 from autocompress.config.metrics import Constraint
 from autocompress.config.schema import RunSpec
 from autocompress.cost import COST_KEYS
@@ -89,7 +90,7 @@ def architecture_columns(arch: Architecture) -> dict[str, Any]:
         "mean_ffn": sum(b.ffn for b in arch.blocks) / n,
         "heterogeneous": not arch.is_homogeneous(),
         "params": arch.num_params(),
-        "family": "llama",
+        "family": LLAMA,
         "active_params": arch.num_params(),
         "layers_kept": "",
     }

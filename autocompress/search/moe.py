@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from autocompress.arch.hybrid import HybridModel
 from autocompress.arch.moe_pruning import MAMBA, MoEImportance, MoEShape, hybrid_shapes, moe_importance, prune
+from autocompress.config.families import HYBRID_MOE
 from autocompress.config.metrics import METRICS, Constraint
 from autocompress.config.schema import ModelSpec, RunSpec
 from autocompress.cost.hybrid import HybridCost, evaluate, hardware_terms
@@ -42,7 +43,7 @@ from autocompress.model.base import check_model_folder
 from autocompress.model.data import load_token_data
 from autocompress.model.tiny_moe import TinyHybridMoE, tiny_hybrid_moe
 
-FAMILY = "granitemoehybrid"
+FAMILY = HYBRID_MOE
 
 
 @dataclass
