@@ -360,6 +360,30 @@ def test_damaged_run_folders_are_named(
     assert "Traceback" not in err and sorted(tmp_path.rglob("*")) == before  # nothing written: no figure, no out folder
 
 
+def test_a_second_resume_of_a_running_sweep_is_refused(
+    finished_run: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """resume= of a run whose driver is alive on this host: refused before any preparation, the run untouched."""
+    import socket
+    import subprocess
+    import sys
+
+    run = tmp_path / "cpu_interactive" / "r"
+    shutil.copytree(finished_run, run)
+    # a live process whose command line is a sweep's, as the driver of a running sweep has
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "autocompress.sweep"])
+    try:
+        _meta(status="running", driver={"host": socket.gethostname(), "pid": driver.pid})(run)
+        before = sorted(tmp_path.rglob("*"))
+        code = _run_command("resume", run, tmp_path, monkeypatch)
+    finally:
+        driver.kill()
+        driver.wait()
+    err = capsys.readouterr().err
+    assert code == 2 and f"error: {run} is still being run by process {driver.pid} on this host; stop it before resuming" in err, err
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 # --------------------------------------------------------------------------- settings: (overrides, message)
 
 SETTINGS = [
