@@ -43,7 +43,7 @@ def _distill_command(args: list[str]) -> None:
     from autocompress.config.cliargs import UsageError, flag, parse
     from autocompress.io import check_writable
     from autocompress.model.base import check_model_folder
-    from autocompress.model.checkpoint import BASE, check_vocabulary, load_checkpoint
+    from autocompress.model.checkpoint import BASE, load_checkpoint
 
     cmd = parse(args, "distill", DistillSpec, options=("out", "teacher", "overwrite", "resume"))
     if len(cmd.positional) != 1 or not cmd.options.get("out"):
@@ -57,7 +57,6 @@ def _distill_command(args: list[str]) -> None:
         raise ConfigError(f"{student} is not a checkpoint folder (no config.json); export one with python -m autocompress.export")
     config = check_model_folder(student, "STUDENT", families=None, tokenizer=False) or {}
     teacher = load_checkpoint(cmd.options.get("teacher", BASE), base)
-    check_vocabulary(teacher.model, teacher.tokenizer, f"teacher {teacher.name}", "its tokenizer")
     if config.get("vocab_size") != teacher.model.config.vocab_size:
         raise ConfigError(
             f"the student {student} has a vocabulary of {config.get('vocab_size')} tokens and the teacher {teacher.name} "
