@@ -30,6 +30,7 @@ usage: python -m autocompress.distill STUDENT out=DIR [tokens=N] [KEY=VALUE ...]
                   (conf/distill/default.yaml)
   teacher=DIR     the teacher (default `base`: the configured model=...; the student must be pruned from it)
   data.source=... the distillation text (default the calibration source: Python stdlib sources); never evaluation data
+  overwrite=true  replace a checkpoint already in out=DIR (refused otherwise; a folder of other files always)
   resume=false    start over instead of resuming an interrupted run with the same settings"""
 
 
@@ -41,14 +42,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _distill_command(args: list[str]) -> None:
     from autocompress.config.cliargs import UsageError, flag, parse
-    from autocompress.io import check_writable
+    from autocompress.io import check_output
     from autocompress.model.base import check_model_folder
     from autocompress.model.checkpoint import BASE, load_checkpoint
 
     cmd = parse(args, "distill", DistillSpec, options=("out", "teacher", "overwrite", "resume"))
     if len(cmd.positional) != 1 or not cmd.options.get("out"):
         raise UsageError("give the STUDENT checkpoint folder and out=DIR")
-    check_writable(Path(cmd.options["out"]), "out")  # before any model loads
+    overwrite, resume = (flag(k, cmd.options.get(k, default)) for k, default in (("overwrite", "false"), ("resume", "true")))
+    check_output(Path(cmd.options["out"]), overwrite, what="a checkpoint")  # before any model loads
     spec = build(DistillSpec, cmd.config.get("distill") or {}, "distill")
     data = build(DataSpec, cmd.config.get("data") or {}, "data")
     base = build(ModelSpec, cmd.config.get("model"), "model")
@@ -62,7 +64,6 @@ def _distill_command(args: list[str]) -> None:
             f"the student {student} has a vocabulary of {config.get('vocab_size')} tokens and the teacher {teacher.name} "
             f"{teacher.model.config.vocab_size}: distil a student from the model it was pruned from (teacher=DIR or model=NAME)"
         )
-    overwrite, resume = (flag(k, cmd.options.get(k, default)) for k, default in (("overwrite", "false"), ("resume", "true")))
     ev = cmd.config.get("evaluate") or {}
     forbid = (*evaluation_paths(), *evaluation_paths(ev.get("data_dir"), ev.get("corpus", DEFAULT_CORPUS)))
     out = Path(cmd.options["out"])

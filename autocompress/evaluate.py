@@ -69,7 +69,7 @@ def _evaluate_command(args: list[str]) -> None:
     out = Path(cmd.options.get("out") or Path(cmd.config["results"]["dir"]) / "evaluate" / Path(target).name)
     check_writable(out, "out")  # before the evaluation, not after it
     if overwrite == "false" and any((out / name).exists() for name in ("eval.json", "scores.parquet", "items.parquet")):
-        raise ConfigError(f"out={out} already holds an evaluation; give another out=DIR or overwrite=true to replace it")
+        raise ConfigError(f"out={out} already holds an evaluation; choose another out=DIR, or add overwrite=true to replace it")
     if spec.source != "lm-eval":
         corpus_path(spec)  # a missing, empty or binary corpus is refused before the model loads, not after the benchmarks
     if spec.source == "lm-eval":

@@ -84,19 +84,26 @@ def write_json(data: Mapping[str, Any], path: Path) -> Path:
     return write_text(json.dumps(data, indent=2, default=str) + "\n", path)
 
 
-def check_output(out: Path, overwrite: bool) -> None:
-    """Refuse an unwritable `out`, an existing one unless `overwrite`, and even then anything but an earlier export or an empty folder."""
+def check_output(
+    out: Path,
+    overwrite: bool,
+    key: str = "out=DIR",
+    marker: str = "config.json",
+    what: str = "an exported checkpoint",
+    flag: str = "overwrite=true",
+) -> None:
+    """The one rule for every command's output folder: an unwritable `out` is refused, an existing one too unless
+    `overwrite`, and even then anything but `what` (a folder holding `marker`) or an empty folder: `flag` never
+    replaces a folder the command did not write. `key` names the setting that chose `out`."""
 
     if not out.exists():
-        check_writable(out, "out")
+        check_writable(out, key.split("=")[0])
         return
     if not overwrite:
-        raise ConfigError(f"{out} already exists; choose a new out=DIR or add overwrite=true")
-    if not out.is_dir() or not ((out / "config.json").exists() or not any(out.iterdir())):
-        raise ConfigError(
-            f"{out} is not an exported checkpoint (no config.json); overwrite=true replaces only those: choose another out=DIR"
-        )
-    check_writable(out.parent, "out")  # the new checkpoint is staged beside it, then renamed
+        raise ConfigError(f"{out} already exists; choose another {key}, or add {flag} to replace it")
+    if not out.is_dir() or not ((out / marker).exists() or not any(out.iterdir())):
+        raise ConfigError(f"{out} is not {what} (no {marker}); {flag} replaces only those: choose another {key}")
+    check_writable(out.parent, key.split("=")[0])  # the new output is staged beside it, then renamed
 
 
 def normal_modes(root: Path) -> None:
@@ -112,9 +119,10 @@ def normal_modes(root: Path) -> None:
 
 
 @contextmanager
-def staged(out: Path, overwrite: bool) -> Iterator[Path]:
-    """A temporary folder beside `out` that becomes `out` only if the block succeeds (nothing half-written)."""
-    check_output(out, overwrite)
+def staged(out: Path, overwrite: bool, **output: str) -> Iterator[Path]:
+    """A temporary folder beside `out` that becomes `out` only if the block succeeds (nothing half-written);
+    `output`: check_output's key, marker and what."""
+    check_output(out, overwrite, **output)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp, old = (out.with_name(f".{out.name}.{tag}{os.getpid()}") for tag in ("tmp", "old"))
     shutil.rmtree(tmp, ignore_errors=True)

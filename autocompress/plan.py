@@ -34,14 +34,14 @@ from omegaconf import DictConfig
 
 from autocompress.arch.hybrid import SHAPE_KEYS, WIDTHS, HybridModel, shape_config, write_config
 from autocompress.baselines.minitron import modelopt_choices
-from autocompress.config.build import build, results_of, scenario_from_dict
+from autocompress.config.build import build, overwrite_flag, results_of, scenario_from_dict
 from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
 from autocompress.config.compose import plain
 from autocompress.config.schema import DataSpec, Scenario
 from autocompress.cost.hybrid import HybridCost, evaluate, hardware_terms
 from autocompress.errors import ConfigError, InfeasibleError
-from autocompress.io import check_writable, log, markdown, staged, write_json, write_parquet, write_text
+from autocompress.io import check_output, log, markdown, staged, write_json, write_parquet, write_text
 from autocompress.search.runfolder import git_sha
 
 if TYPE_CHECKING:
@@ -258,6 +258,7 @@ def run_plan(
     run_id: str | None,
     weights: str | None = None,
     data: DataSpec | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """The plan; with `weights` (a Nemotron-H checkpoint folder) its top_k shapes are also scored on `data` and the best sliced."""
     for key in ("max_width_pruning", "max_depth_pruning"):
@@ -276,9 +277,7 @@ def run_plan(
             "plan.rank=proxy measures single changes with the model's weights: add plan.weights=true architecture.path=CHECKPOINT"
         )
     out = Path(results_dir).resolve() / scenario.name / f"plan-{run_id or dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    if out.exists():
-        raise ConfigError(f"{out} already exists; choose another results.run_id")
-    check_writable(out, "results.dir")
+    check_output(out, overwrite, key="results.run_id", marker="plan.parquet", what="a plan")
     start = time.time()
     hw, terms = hardware_terms(scenario.hardware, choice)
     cost = HybridCost(model, hw, scenario.workload)
@@ -341,7 +340,7 @@ def run_plan(
         "seconds": time.time() - start,
         "code": git_sha(),
     }
-    with staged(out, overwrite=False) as tmp:  # the folder appears whole or not at all
+    with staged(out, overwrite, key="results.run_id", marker="plan.parquet", what="a plan") as tmp:  # whole or not at all
         tmp.mkdir(parents=True)
         write_parquet(feasible.head(int(plan["keep"])), tmp / "plan.parquet")
         write_config(model, first_shape, tmp / "first_shape")
@@ -391,6 +390,7 @@ def main(cfg: DictConfig) -> None:
         run_id,
         weights=str(architecture["path"]) if weights else None,
         data=build(DataSpec, data.get("data") or {}, "data"),
+        overwrite=overwrite_flag(data),
     )
 
 

@@ -1,9 +1,9 @@
-"""`python -m autocompress.report RUN_DIR [RUN_DIR ...] [--out DIR]`: a Markdown report (and the same as report.html)
+"""`python -m autocompress.report RUN_DIR [RUN_DIR ...] [--out DIR] [--overwrite]`: a Markdown report (and the same as report.html)
 with PNG figures, and the key table.
 
 One run: RUN_DIR/report/. Several runs (of one scenario or several): a `report/` folder beside
-them, under their common parent. Every file is written to a temporary name and renamed, and
-report.md is written last, so a report folder never holds half a report.
+them, under their common parent. The folder is built beside its place and renamed into it, so a
+report folder never holds half a report; an earlier report there is refused unless --overwrite.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from autocompress.charts.figures import (
 )
 from autocompress.charts.plots import plot_architectures, plot_pareto, save
 from autocompress.config.cliargs import guarded
-from autocompress.io import RUN_METADATA, check_writable, markdown, write_text
+from autocompress.io import RUN_METADATA, markdown, staged, write_text
 from autocompress.results.pareto import COST_DIRECTIONS
 from autocompress.results.store import Run, RunFolderError, load_run
 
@@ -181,28 +181,27 @@ def slug(run: Run) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{run.scenario}_{run.run_id}") + "_"
 
 
-def write_report(runs: Sequence[Run], out: Path) -> Path:
-    """Figures, then report.md; returns the path of report.md."""
-    check_writable(out, "--out")  # a file, or a folder that cannot be written: one error before any figure
-    made = [p for p in (out, *out.parents) if not p.exists()]
-    out.mkdir(parents=True, exist_ok=True)
-    before = set(out.iterdir())
+def write_report(runs: Sequence[Run], out: Path, overwrite: bool = False) -> Path:
+    """Figures, then report.md, built in a folder beside `out` that becomes `out` whole; returns the path of report.md.
+    An existing `out` is refused unless `overwrite` (and then only a report folder is replaced)."""
+    made = [p for p in out.parents if not p.exists()]
     try:
-        many = len(runs) > 1
-        sections = [run_section(run, draw_run(run, out, slug(run) if many else ""), out) for run in runs]
-        head = ["# AutoCompress report", "", "Runs: " + ", ".join(f"`{r.path}`" for r in runs), ""]
-        if many:
-            head += summary_section(runs, out)
-        text = "\n".join(head) + "\n" + "\n\n".join(sections) + "\n"
-        write_text(html_page(text), out / "report.html")  # the same report for a browser, its figures beside it
-        return write_text(text, out / "report.md")
-    except BaseException:  # no figures of a report that never got its report.md (earlier files stay)
-        for path in set(out.iterdir()) - before:
-            path.unlink(missing_ok=True)
-        for folder in made:  # innermost first
+        with staged(out, overwrite, key="--out", marker="report.md", what="a report", flag="--overwrite") as tmp:
+            tmp.mkdir()
+            many = len(runs) > 1
+            sections = [run_section(run, draw_run(run, tmp, slug(run) if many else ""), tmp) for run in runs]
+            head = ["# AutoCompress report", "", "Runs: " + ", ".join(f"`{r.path}`" for r in runs), ""]
+            if many:
+                head += summary_section(runs, tmp)
+            text = "\n".join(head) + "\n" + "\n\n".join(sections) + "\n"
+            write_text(html_page(text), tmp / "report.html")  # the same report for a browser, its figures beside it
+            write_text(text, tmp / "report.md")
+    except BaseException:
+        for folder in made:  # innermost first: no empty folders left by a report that was never written
             with contextlib.suppress(OSError):
                 folder.rmdir()
         raise
+    return out / "report.md"
 
 
 HTML_STYLE = (
@@ -257,11 +256,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autocompress.report", description=__doc__.splitlines()[0])
     parser.add_argument("run_dirs", nargs="+", type=Path, help="sweep run folders: results/<scenario>/<run_id>")
     parser.add_argument("--out", type=Path, default=None, help="report folder (default: RUN_DIR/report, or report/ beside several runs)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier report in that folder (refused otherwise)")
     args = parser.parse_args(argv)
 
     def body() -> None:
         runs = list({r.path: r for r in (load_run(p) for p in without_reports(args.run_dirs))}.values())
-        report = write_report(runs, (args.out or default_out(runs)).resolve())
+        report = write_report(runs, (args.out or default_out(runs)).resolve(), args.overwrite)
         print(key_tables(runs))
         print(f"\nreport: {report}")
 

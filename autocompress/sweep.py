@@ -18,7 +18,7 @@ from autocompress.cluster import (
     fetch_dir,
     storage_join,
 )
-from autocompress.config.build import run_spec_from_dict
+from autocompress.config.build import overwrite_flag, run_spec_from_dict
 from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
 from autocompress.config.compose import plain
@@ -58,10 +58,13 @@ def main(cfg: DictConfig) -> None:
     signal.signal(signal.SIGTERM, _sigterm)
     data = plain(cfg)
     mode = resume_mode(data, cfg.get("resume", False))
+    overwrite = overwrite_flag(data)
+    if overwrite and mode != "new":
+        raise ConfigError("overwrite=true starts results.run_id afresh and resume= finishes it: give one of them")
     if mode == "new":
         spec = run_spec_from_dict(data)
         preflight(spec)  # model folder, Ray address, storage URI: before the run folder exists
-        run_sweep(spec, OmegaConf.to_yaml(cfg, resolve=True))
+        run_sweep(spec, OmegaConf.to_yaml(cfg, resolve=True), overwrite=overwrite)
     elif mode == "complete":
         log("resume=auto: the run is already complete; nothing to do")
     else:

@@ -102,6 +102,16 @@ def _finished(path: Path, what: str) -> pd.DataFrame:
     return table
 
 
+def _check_rows(target: Path, trials: pd.Series, overwrite: bool) -> None:
+    """Before any measurement: rows of these trials already in verify's table are refused unless `overwrite`."""
+    if overwrite or not target.exists():
+        return
+    done = sorted(set(read_table(target)["trial_id"].astype(str)) & set(trials.astype(str)))
+    if done:
+        shown = ", ".join(done[:3]) + (f" and {len(done) - 3} more" if len(done) > 3 else "")
+        raise ConfigError(f"{target} already holds rows of {shown}; choose another out=DIR, or add overwrite=true to replace them")
+
+
 def _save(found: dict[str, dict[str, Any]], out: Path, name: str) -> Path:
     """verify's own table (trial_id + its columns) in `out`, earlier rows of other trials kept; never the sweep's tables."""
     frame = pd.DataFrame.from_dict(found, orient="index").rename_axis("trial_id").reset_index()
@@ -114,7 +124,7 @@ def _save(found: dict[str, dict[str, Any]], out: Path, name: str) -> Path:
     return target
 
 
-def verify(path: Path, out: Path | None = None) -> pd.DataFrame:
+def verify(path: Path, out: Path | None = None, overwrite: bool = False) -> pd.DataFrame:
     """Measure every architecture of a pareto.parquet (or any trials file of a run; a run folder: its pareto.parquet) in the
     engine; the measured columns go to `out`/measured.parquet (default <run>/verify/), which report and export read."""
     path, run = _run_of(path)
@@ -122,6 +132,7 @@ def verify(path: Path, out: Path | None = None) -> pd.DataFrame:
     out = Path(out) if out is not None else run.path / RUN_VERIFY
     check_writable(out, "out")
     table = _finished(path, "verify")
+    _check_rows(out / "measured.parquet", table["trial_id"], overwrite)
     hw, wl = spec.scenario.hardware, spec.scenario.workload
     require_vllm(hw.engine)
     settings = settings_for(spec.profile, hw, [wl])
@@ -144,7 +155,7 @@ def verify(path: Path, out: Path | None = None) -> pd.DataFrame:
     return result
 
 
-def estimate(path: Path, out: Path | None = None) -> pd.DataFrame:
+def estimate(path: Path, out: Path | None = None, overwrite: bool = False) -> pd.DataFrame:
     """aiconfigurator's estimate of every architecture of a GPU run's pareto.parquet (plus the hardware file's per-step
     overheads), written to `out`/estimated.parquet (default <run>/verify/)."""
     from autocompress.arch.space import SearchSpace
@@ -160,6 +171,7 @@ def estimate(path: Path, out: Path | None = None) -> pd.DataFrame:
         why = f"its tables are another GPU's ({hw.aiconfigurator})" if hw.aiconfigurator else "it names no aiconfigurator system"
         raise ConfigError(f"verify.source=aiconfigurator cannot judge {hw.name}: {why}; verify there in the engine")
     table = _finished(path, "estimate")
+    _check_rows(out / "estimated.parquet", table["trial_id"], overwrite)
     constraints = _constraints(run.metadata)
     est = Estimator(hw.aiconfigurator)  # names its missing package before any model is loaded
     base = Architecture.from_llama_config(load_base_model(spec.model).model.config)
@@ -222,8 +234,8 @@ def print_table(frame: pd.DataFrame) -> None:
 
 USAGE = (
     "usage: python -m autocompress.verify results/<scenario>/<run_id>[/pareto.parquet] [verify.source=engine|aiconfigurator] "
-    "[out=DIR]\n  out=DIR  where verify writes measured.parquet / estimated.parquet (default: <run>/verify/); "
-    "the sweep's tables are never rewritten"
+    "[out=DIR] [overwrite=true]\n  out=DIR  where verify writes measured.parquet / estimated.parquet (default: <run>/verify/); "
+    "the sweep's tables are never rewritten\n  overwrite=true  replace rows of trials already in that table (refused otherwise)"
 )
 
 
@@ -233,17 +245,21 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE, file=sys.stderr)
         sys.exit(0 if args[:1] in (["-h"], ["--help"]) else 2)
     pairs = dict(a.split("=", 1) for a in args[1:] if "=" in a)
-    unknown = [a for a in args[1:] if "=" not in a] + sorted(set(pairs) - {"verify.source", "out"})
+    unknown = [a for a in args[1:] if "=" not in a] + sorted(set(pairs) - {"verify.source", "out", "overwrite"})
     source = pairs.get("verify.source", "engine")
     if unknown or source not in ("engine", "aiconfigurator"):
         bad = unknown[0] if unknown else f"verify.source={source}"
-        print(f"error: {bad!r} is not verify.source=engine|aiconfigurator or out=DIR\n\n{USAGE}", file=sys.stderr)
+        print(f"error: {bad!r} is not verify.source=engine|aiconfigurator, out=DIR or overwrite=true\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)
     if "out" in pairs and not pairs["out"].strip():
         print("error: out= is empty; give a folder or leave it out (default: <run>/verify/)", file=sys.stderr)
         sys.exit(2)
+    if pairs.get("overwrite", "false").lower() not in ("true", "false"):
+        print(f"error: overwrite={pairs['overwrite']}: expected true or false", file=sys.stderr)
+        sys.exit(2)
     out = Path(pairs["out"]) if "out" in pairs else None
-    code = guarded(lambda: (estimate if source == "aiconfigurator" else verify)(Path(args[0]), out))
+    overwrite = pairs.get("overwrite", "false").lower() == "true"
+    code = guarded(lambda: (estimate if source == "aiconfigurator" else verify)(Path(args[0]), out, overwrite))
     if code:
         sys.exit(code)
 

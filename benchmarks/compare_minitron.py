@@ -58,7 +58,8 @@ def bench_scenario(name: str, args: argparse.Namespace, log: Path) -> dict[str, 
     if name not in args.run and not (run_dir / "trials.parquet").exists():
         sweep = [f"+scenario={name}", f"results.dir={results}", f"results.run_id={args.run_id}", *args.data, *args.sweep_set]
         seconds["sweep"] = run([py, "-m", "autocompress.sweep", *sweep], log)
-    compare = [f"+scenario={name}", f"results.dir={results}", f"compare.run={run_dir}", *args.data, *args.set]
+    # overwrite=true: a finished comparison is redone with these settings (its stages with the same settings are reused)
+    compare = [f"+scenario={name}", f"results.dir={results}", f"compare.run={run_dir}", "overwrite=true", *args.data, *args.set]
     seconds["compare"] = run([py, "-m", "autocompress.compare", *compare], log)
     out = run_dir / "compare"
     summary = json.loads((out / "compare.json").read_text())

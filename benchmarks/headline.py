@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> None:
             seconds["sweep"] = run([py, "-m", "autocompress.sweep", *common, *extra], log)
         compare_dir = results / scenario / "compare"
         cmd = [py, "-m", "autocompress.compare", *common, *proto["compare"], f"compare.run={run_dir}", f"compare.out={compare_dir}"]
-        seconds["compare"] = run(cmd, log)
+        if not (compare_dir / "compare.json").exists():  # a finished comparison is recorded again, not rerun
+            seconds["compare"] = run(cmd, log)
         result = record(scenario, compare_dir, proto, code, seconds)
         (out / f"{scenario}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
         diffs = ", ".join(f"vs {m}: {d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]" for m, d in result["diff"].items())

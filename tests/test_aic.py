@@ -130,7 +130,7 @@ def gpu_run(folder: Path, scenario: str, constraints: dict[str, float]) -> Path:
     return folder
 
 
-def test_verify_from_aiconfigurator_writes_estimated_columns_only(tmp_path: Path) -> None:
+def test_verify_from_aiconfigurator_writes_estimated_columns_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """verify.source=aiconfigurator: estimated_* and feasible_estimated beside the predictions, no measured_* column; a tight TPOT
     bound fails the base model and not its half; a derived card is refused."""
     from autocompress.results.store import with_verified
@@ -143,6 +143,13 @@ def test_verify_from_aiconfigurator_writes_estimated_columns_only(tmp_path: Path
     assert table["estimated_tpot_ms"]["t0"] > table["estimated_tpot_ms"]["t1"] > 1.0  # the step overhead is in
     assert list(table["feasible_estimated"]) == [False, True]
     assert table["estimated_source"].str.startswith("aiconfigurator-core 0.12.0, vllm 0.24.0 tables, h100_sxm").all()
+    estimated = (run / "verify" / "estimated.parquet").read_bytes()
+    with pytest.raises(SystemExit) as again:  # the same trials again: their rows are not replaced unless asked
+        main([str(run), "verify.source=aiconfigurator"])
+    assert again.value.code == 2 and (run / "verify" / "estimated.parquet").read_bytes() == estimated
+    assert "estimated.parquet already holds rows of t0, t1; choose another out=DIR, or add overwrite=true" in capsys.readouterr().err
+    main([str(run), "verify.source=aiconfigurator", "overwrite=true"])
+    assert pd.read_parquet(run / "verify" / "estimated.parquet")["trial_id"].tolist() == ["t0", "t1"]
     derived = gpu_run(tmp_path / "rtx5070_coding" / "r1", "rtx5070_coding", {"tpot_ms": 5.0})
     before = (derived / "pareto.parquet").read_bytes()
     with pytest.raises(SystemExit) as exc:

@@ -384,6 +384,123 @@ def test_a_second_resume_of_a_running_sweep_is_refused(
     assert sorted(tmp_path.rglob("*")) == before
 
 
+# --------------------------------------------------------------------------- outputs that exist: (command, argv, message)
+# One rule for every command: an output that exists is refused unless overwrite=true (report: --overwrite), and even
+# then a folder the command did not write is refused. Each row's output exists (made by _outputs); nothing may change.
+
+RESULTS = ["+scenario=cpu_interactive", "model=tiny_llama", "results.dir={tmp}/results"]
+PLANS = ["+scenario=b200_longctx", "results.dir={tmp}/results"]
+AGAIN = "or add overwrite=true to replace it"
+OUTPUT_ROWS = [
+    ("sweep", [*RESULTS, "results.run_id=r"], "already exists; choose another results.run_id, finish that run with resume=true, " + AGAIN),
+    ("sweep", [*RESULTS, "results.run_id=r", "overwrite=true", "resume=true"], "overwrite=true starts results.run_id afresh"),
+    ("sweep", [*RESULTS, "results.run_id=r", "overwrite=maybe"], "overwrite='maybe': expected true or false"),
+    ("sweep", [*RESULTS, "results.run_id=r", "overwrite=true", "sweep.storage_path={tmp}/store"], "holds a copy of it too"),
+    ("plan", [*PLANS, "results.run_id=p"], "already exists; choose another results.run_id, " + AGAIN),
+    ("plan", [*PLANS, "results.run_id=mine", "overwrite=true"], "is not a plan (no plan.parquet); overwrite=true replaces only"),
+    ("compare", [*RESULTS, "compare.run={run}", "compare.out={tmp}/cmp"], "a finished comparison; choose another compare.out, " + AGAIN),
+    ("compare", [*RESULTS, "compare.run={run}", "compare.out={tmp}/mine", "overwrite=true"], "holds other files (no stages.json"),
+    ("compare", [*RESULTS, "compare.run={run}", "compare.out={tmp}/cmp", "overwrite=1"], "overwrite=1: expected true or false"),
+    ("export", ["{run}/pareto.parquet", "index=0", "out={tmp}/old"], "already exists; choose another out=DIR, " + AGAIN),
+    ("export", ["{run}/pareto.parquet", "index=0", "out={tmp}/mine", "overwrite=true"], "is not an exported checkpoint (no config.json)"),
+    ("distill", ["{tmp}/old", "out={tmp}/old"], "already exists; choose another out=DIR, " + AGAIN),
+    ("distill", ["{tmp}/old", "out={tmp}/mine", "overwrite=true"], "is not a checkpoint (no config.json); overwrite=true replaces"),
+    ("evaluate", ["base", "out={tmp}/evaluated"], "already holds an evaluation; choose another out=DIR, " + AGAIN),
+    ("report", ["{run}"], "already exists; choose another --out, or add --overwrite to replace it"),
+    ("report", ["{run}", "--out", "{tmp}/mine", "--overwrite"], "is not a report (no report.md); --overwrite replaces only those"),
+    ("verify", ["{run}"], "measured.parquet already holds rows of t0; choose another out=DIR, or add overwrite=true"),
+    ("verify", ["{run}", "overwrite=maybe"], "overwrite=maybe: expected true or false"),
+]
+
+
+def _outputs(tmp: Path, finished_run: Path) -> Path:
+    """Every command's earlier output (and a folder of someone's own files); returns the run folder."""
+    import pandas as pd
+
+    run = tmp / "results" / "cpu_interactive" / "r"
+    shutil.copytree(finished_run, run)
+    (run / "report").mkdir()
+    (run / "report" / "report.md").write_text("# AutoCompress report\n")
+    (run / "verify").mkdir()
+    pd.DataFrame({"trial_id": ["t0"], "measured_ttft_ms": [9.0]}).to_parquet(run / "verify" / "measured.parquet")
+    for folder, files in {
+        "mine": ["notes.txt"],
+        "old": ["config.json"],
+        "cmp": ["stages.json", "compare.json"],
+        "evaluated": ["eval.json"],
+        "results/b200_longctx/plan-p": ["plan.parquet"],
+        "results/b200_longctx/plan-mine": ["notes.txt"],
+    }.items():
+        (tmp / folder).mkdir(parents=True)
+        for name in files:
+            (tmp / folder / name).write_text("{}")
+    return run
+
+
+def _unreached(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The expensive step of each command fails the test if a row gets there."""
+    import importlib
+
+    def reached(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the existing output was not refused before the work")
+
+    for module, name in (("search.tune", "_prepare"), ("plan", "search"), ("compare", "build_context"), ("verify", "require_vllm")):
+        monkeypatch.setattr(importlib.import_module(f"autocompress.{module}"), name, reached)
+
+
+@pytest.mark.parametrize(("command", "argv", "message"), OUTPUT_ROWS, ids=[f"{r[0]}:{' '.join(r[1][-2:])}" for r in OUTPUT_ROWS])
+def test_outputs_that_exist_are_refused_alike(
+    command: str, argv: list[str], message: str, finished_run: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autocompress.distill import main as distill
+
+    run = _outputs(tmp_path, finished_run)
+    _unreached(monkeypatch)
+    before = {p: p.read_bytes() if p.is_file() else None for p in tmp_path.rglob("*")}
+    args = [a.replace("{tmp}", str(tmp_path)).replace("{run}", str(run)) for a in argv]
+    if command in HYDRA:
+        code = _hydra(command, args, monkeypatch)
+    else:
+        code = {"evaluate": _evaluate, "export": _export, "distill": distill, "report": _report, "verify": _verify}[command](args)
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and message in errors[0], err
+    after = {p: p.read_bytes() if p.is_file() else None for p in tmp_path.rglob("*")}
+    assert "Traceback" not in err and after == before  # nothing written, replaced or left staged
+
+
+def test_sweep_overwrite_keeps_the_earlier_run_until_the_new_one_starts(
+    finished_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """overwrite=true sets the earlier run aside: back in place if the new run never starts, gone once it has."""
+    from autocompress.search import tune
+
+    run = tmp_path / "cpu_interactive" / "r"
+    shutil.copytree(finished_run, run)
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    spec = run_spec_from_dict(compose_dict("+scenario=cpu_interactive", "model=tiny_llama", f"results.dir={tmp_path}", "results.run_id=r"))
+
+    def interrupted(*args: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tune, "_prepare", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tune.run_sweep(spec, "", overwrite=True)
+    assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert [p.name for p in run.parent.iterdir()] == ["r"]  # nothing left set aside
+
+    def started_then_failed(spec: Any, config_yaml: str, prepared: Any, definition: Any, folder: Any) -> None:
+        (folder.path / "config.yaml").write_text("the new run's")
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(tune, "_prepare", lambda spec: None)
+    monkeypatch.setattr(tune, "_start", started_then_failed)
+    with pytest.raises(RuntimeError, match="boom"):
+        tune.run_sweep(spec, "", overwrite=True)
+    assert [p.name for p in run.iterdir()] == ["config.yaml"] and (run / "config.yaml").read_text() == "the new run's"
+    assert [p.name for p in run.parent.iterdir()] == ["r"]
+
+
 # --------------------------------------------------------------------------- settings: (overrides, message)
 
 SETTINGS = [

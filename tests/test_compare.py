@@ -222,7 +222,10 @@ def test_compare_runs_every_stage_and_reuses_them(
     assert len(pz["attention"]) == len(pz["ffn"]) == 4 and pz["attention"][0] != "-"  # per layer of tiny_llama; layer 0 keeps attention
     low, high = summary["diff_vs"]["puzzletron"]["low"], summary["diff_vs"]["puzzletron"]["high"]
     assert low <= summary["diff_vs"]["puzzletron"]["mean"] <= high
-    run_compare(job)  # a rerun with the same settings reuses every stage
+    with pytest.raises(ConfigError, match=r"holds a finished comparison; choose another compare\.out, or add overwrite=true"):
+        run_compare(job)  # a finished comparison is not written over unless asked
+    assert (out / "compare.json").exists()
+    run_compare(job, overwrite=True)  # a rerun with the same settings reuses every stage
     seconds = json.loads((out / "compare.json").read_text())["seconds"]
     assert all(seconds[s] == "reused" for s in seconds if "/" in s), seconds
     probe = ["compare.probe.candidates=3", "compare.probe.tokens=256"]  # pick after a short distillation, both alike

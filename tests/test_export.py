@@ -408,7 +408,7 @@ def test_cli_refuses_existing_output_unless_overwrite(run_dir: Path, tmp_path: P
     out, mine = tmp_path / "out", tmp_path / "mine"
     assert main([str(run_dir), "trial=good", f"out={out}", "verify=false"]) == 0
     assert main([str(run_dir), "trial=good", f"out={out}", "verify=false"]) == 2
-    assert "already exists; choose a new out=DIR or add overwrite=true" in capsys.readouterr().err
+    assert "already exists; choose another out=DIR, or add overwrite=true to replace it" in capsys.readouterr().err
     assert main([str(run_dir / "trials.parquet"), "trial=slow", f"out={out}", "overwrite=true", "force=true", "verify=false"]) == 0
     assert "NO (exported with force=true)" in (out / "README.md").read_text()
     mine.mkdir()

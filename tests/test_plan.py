@@ -191,6 +191,10 @@ def test_plan_lists_shapes_that_fit_one_b200_at_128k(tmp_path: Path) -> None:
     assert AutoConfig.from_pretrained(out / "first_shape").hybrid_override_pattern == meta["first_config"]["hybrid_override_pattern"]
     md = (out / "plan.md").read_text()
     assert "uniform importance prior" in md and "| total | 230.59 |" in md
+    again = [f"results.dir={tmp_path}", "results.run_id=t", "plan.keep=3"]
+    proc = run_cli("autocompress.plan", "+scenario=b200_longctx", *again, "overwrite=true")  # replaced whole, on request
+    assert proc.returncode == 0, proc.stderr
+    assert len(pd.read_parquet(out / "plan.parquet")) == 3 and [p.name for p in out.parent.iterdir()] == ["plan-t"]
 
 
 COARSE = [

@@ -264,6 +264,26 @@ def test_bad_folder_exits_2_and_writes_nothing(tmp_path: Path, capsys: pytest.Ca
     assert list(tmp_path.iterdir()) == [tmp_path / "metadata.json"]
 
 
+def test_an_earlier_report_is_refused_unless_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = save_run(handmade_run(tmp_path / "handmade" / "h1"))
+    assert main([str(run)]) == 0
+    folder = run / "report"
+    (folder / "stale.png").write_bytes(PNG_MAGIC)  # a figure of an earlier report that the new one does not draw
+    capsys.readouterr()
+    assert main([str(run)]) == 2
+    assert "already exists; choose another --out, or add --overwrite to replace it" in capsys.readouterr().err
+    assert (folder / "stale.png").exists()  # refused: nothing touched
+    assert main([str(run), "--overwrite"]) == 0
+    assert (folder / "report.md").exists() and not (folder / "stale.png").exists()  # replaced whole
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    assert main([str(run), "--out", str(mine), "--overwrite"]) == 2
+    assert "is not a report (no report.md); --overwrite replaces only those" in capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    assert not [p for p in (*run.iterdir(), *tmp_path.iterdir()) if p.name.startswith(".")]  # no staging folders left
+
+
 def test_earlier_report_folders_are_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run, report = tmp_path / "r1", tmp_path / "report"
     run.mkdir(), report.mkdir()

@@ -152,6 +152,14 @@ def results_of(cfg: Mapping[str, Any]) -> tuple[str, str | None]:
     return str(results.get("dir", "results")), None if run_id is None else str(run_id)
 
 
+def overwrite_flag(cfg: Mapping[str, Any]) -> bool:
+    """The top-level `overwrite` of sweep, plan and compare: true replaces the command's earlier output of that name."""
+    value = cfg.get("overwrite", False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"overwrite={value!r}: expected true or false")
+    return value
+
+
 def run_spec_from_dict(cfg: Mapping[str, Any]) -> RunSpec:
     """RunSpec from a fully resolved config mapping (OmegaConf.to_container(cfg, resolve=True))."""
     results_dir, run_id = results_of(cfg)

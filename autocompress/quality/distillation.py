@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from autocompress.config.schema import DataSpec
 from autocompress.errors import ConfigError
-from autocompress.io import atomic_write
+from autocompress.io import atomic_write, check_output
 from autocompress.io import log as log_line
 from autocompress.model.data import load_token_data
 from autocompress.quality.tasks import evaluation_paths
@@ -276,8 +276,7 @@ def distill(
     from autocompress.model.checkpoint import open_model
 
     check_not_evaluation_data(data, evaluation_dirs)
-    if out.exists() and not overwrite:
-        raise ConfigError(f"{out} already exists; choose a new out=DIR or add overwrite=true")
+    check_output(out, overwrite, what="a checkpoint")  # overwrite=true replaces a checkpoint, never a folder of other files
     if out.resolve() == student_dir.resolve():
         raise ConfigError(f"out={out} is the student checkpoint itself; choose another folder")
     start_time = time.time()

@@ -6,6 +6,7 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import shutil
 import socket
 import subprocess
 from collections.abc import Mapping
@@ -23,7 +24,7 @@ from autocompress.cluster import (
 from autocompress.config.compose import plain
 from autocompress.config.schema import RunSpec
 from autocompress.errors import ConfigError
-from autocompress.io import RUN_CONFIG, RUN_CURVES, RUN_METADATA, RUN_PARETO, RUN_RANKING, RUN_TRIALS, write_json
+from autocompress.io import RUN_CONFIG, RUN_CURVES, RUN_METADATA, RUN_PARETO, RUN_RANKING, RUN_TRIALS, log, write_json
 from autocompress.results.runcheck import check_run_folder
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -126,11 +127,19 @@ def git_sha() -> str | None:
     return out.stdout.strip() or None
 
 
-def new_run_dir(spec: RunSpec) -> Path:
+def new_run_dir(spec: RunSpec, overwrite: bool = False) -> tuple[Path, Path | None]:
+    """(the new run's folder, claimed; the earlier run of that id set aside by overwrite=true, or None). The caller
+    deletes the set-aside folder once the new run has started, and puts it back (os.replace) if it does not."""
     run_id = spec.run_id or dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(spec.results_dir).resolve() / spec.scenario.name / run_id
+    aside = None
     if (run_dir / RUN_CONFIG).exists():
-        raise ConfigError(f"{run_dir} already exists; choose another results.run_id, or finish that run with resume=true")
+        if not overwrite:
+            raise ConfigError(
+                f"{run_dir} already exists; choose another results.run_id, finish that run with resume=true, "
+                "or add overwrite=true to replace it"
+            )
+        aside = set_aside(run_dir, spec)
     try:
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         run_dir.mkdir()  # the claim: of two sweeps given one id, exactly one gets here
@@ -140,10 +149,52 @@ def new_run_dir(spec: RunSpec) -> Path:
             "remove the folder); choose another results.run_id"
         ) from None
     except OSError as exc:
+        if aside is not None:
+            os.replace(aside, run_dir)
         raise ConfigError(
             f"results.dir={spec.results_dir}: cannot create {run_dir} ({exc.strerror or exc}); choose a folder you can write"
         ) from exc
-    return run_dir
+    return run_dir, aside
+
+
+def set_aside(run_dir: Path, spec: RunSpec) -> Path:
+    """overwrite=true: the earlier run folder renamed beside it (hidden), after the checks that it may be replaced."""
+    if spec.sweep.storage_path:
+        raise ConfigError(
+            f"overwrite=true replaces the local run folder only, and sweep.storage_path={spec.sweep.storage_path} holds a copy "
+            "of it too: choose another results.run_id"
+        )
+    meta = _metadata(run_dir)
+    pid = running_pid(meta)
+    if pid is not None:
+        raise ConfigError(f"{run_dir} is still being run by process {pid} on this host; stop it before replacing it")
+    aside = run_dir.with_name(f".{run_dir.name}.old{os.getpid()}")
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(run_dir, aside)
+    log(f"overwrite=true: replacing {run_dir} (deleted once the new run has started)")
+    return aside
+
+
+def _metadata(run_dir: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads((run_dir / RUN_METADATA).read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def running_pid(meta: Mapping[str, Any]) -> int | None:
+    """The process id of a live sweep on this host that runs the run of `meta`, or None."""
+    driver = meta.get("driver") or {}
+    if meta.get("status") != "running" or driver.get("host") != socket.gethostname() or driver.get("pid") == os.getpid():
+        return None
+    import psutil
+
+    try:
+        alive = "autocompress.sweep" in " ".join(psutil.Process(int(driver["pid"])).cmdline())
+    except (psutil.Error, KeyError, ValueError, TypeError):
+        alive = False
+    return int(driver["pid"]) if alive else None
 
 
 def driver_info() -> dict[str, Any]:
@@ -151,19 +202,11 @@ def driver_info() -> dict[str, Any]:
 
 
 def check_resumable(run_dir: Path, meta: Mapping[str, Any]) -> None:
-    status = meta.get("status")
-    if status == "complete":
+    if meta.get("status") == "complete":
         raise ConfigError(f"{run_dir} is already complete; nothing to resume (drop resume to start a new run)")
-    driver = meta.get("driver") or {}
-    if status == "running" and driver.get("host") == socket.gethostname() and driver.get("pid") != os.getpid():
-        import psutil
-
-        try:
-            alive = "autocompress.sweep" in " ".join(psutil.Process(int(driver["pid"])).cmdline())
-        except (psutil.Error, KeyError, ValueError):
-            alive = False
-        if alive:
-            raise ConfigError(f"{run_dir} is still being run by process {driver['pid']} on this host; stop it before resuming")
+    pid = running_pid(meta)
+    if pid is not None:
+        raise ConfigError(f"{run_dir} is still being run by process {pid} on this host; stop it before resuming")
 
 
 # --------------------------------------------------------------------------- resume: which run, with which settings
@@ -181,7 +224,7 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
 def _override_conflicts(current: dict[str, Any], stored: dict[str, Any], overrides: list[str]) -> list[str]:
     """Command-line overrides whose value differs from the run's config.yaml (execution keys excepted)."""
     now, run = _flat(current), _flat(stored)
-    free = {"resume", "results.run_id", "results.dir", "ray.address", *(f"sweep.{k}" for k in EXECUTION_KEYS)}
+    free = {"resume", "overwrite", "results.run_id", "results.dir", "ray.address", *(f"sweep.{k}" for k in EXECUTION_KEYS)}
     conflicts = []
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")

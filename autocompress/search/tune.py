@@ -356,10 +356,11 @@ def preflight(spec: RunSpec) -> None:
     check_trackers(spec.sweep.tracking)
 
 
-def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -> Path:
-    """The whole job; returns the run folder. With `resume_dir`, finish that run (its config.yaml must match `spec`).
-    Call preflight(spec) first."""
-    run = RunFolder.of(spec, resume_dir or new_run_dir(spec))
+def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None, overwrite: bool = False) -> Path:
+    """The whole job; returns the run folder. With `resume_dir`, finish that run (its config.yaml must match `spec`);
+    `overwrite`: an earlier run of results.run_id is replaced (kept until this one has started). Call preflight(spec) first."""
+    run_dir, aside = (resume_dir, None) if resume_dir is not None else new_run_dir(spec, overwrite)
+    run = RunFolder.of(spec, run_dir)
     if resume_dir is None:
         try:
             definition = dict(spec.sweep.definition)
@@ -370,9 +371,14 @@ def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None) -
         except BaseException:
             if not (run.path / RUN_CONFIG).exists():  # claimed, never started: a corrected rerun may take the id
                 shutil.rmtree(run.path, ignore_errors=True)
+                if aside is not None:  # overwrite=true: the earlier run comes back
+                    os.replace(aside, run.path)
                 with contextlib.suppress(OSError):  # <results.dir>/<scenario>/ too, when this run was all it held
                     run.path.parent.rmdir()
             raise
+        finally:
+            if aside is not None and aside.exists():  # the new run has started (or failed once started): the old one goes
+                shutil.rmtree(aside, ignore_errors=True)
     else:
         try:
             prepared = _prepare(spec)
