@@ -47,44 +47,13 @@ from autocompress.baselines.context import (
     top_trials,
 )
 from autocompress.baselines.outputs import write_outputs
+from autocompress.baselines.stages import Stages, check_compare_out, open_compare_out
 from autocompress.config.build import overwrite_flag
 from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
-from autocompress.errors import ConfigError
-from autocompress.io import RUN_TRIALS, check_writable, log, write_json, write_parquet
+from autocompress.io import RUN_TRIALS, log, write_json, write_parquet
 from autocompress.quality.tasks import evaluation_paths
 from autocompress.results.store import load_run, selection_quality
-
-# --------------------------------------------------------------------------- stages, reused when their key is unchanged
-
-STAGES = "stages.json"  # written when compare.out is made: what marks a folder as a comparison
-
-
-class Stages:
-    """stages.json in the output folder: stage -> the settings it was made with; a stage whose key and folder match is skipped."""
-
-    def __init__(self, out: Path) -> None:
-        self.path = out / STAGES
-        self.done: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {}
-        self.seconds: dict[str, float | str] = {}
-
-    def run(self, name: str, key: Any, target: Path, build_fn: Callable[[], object], shared: bool = False) -> None:
-        """Build `target` unless it was built with `key`. A `shared` target (used by other runs too) keeps its key beside it."""
-        key = json.loads(json.dumps(key, default=str))
-        record = target.with_name(f"{target.name}.stage.json") if shared else None
-        done = json.loads(record.read_text()) if record is not None and record.exists() else self.done.get(name)
-        if done == key and target.exists():
-            log(f"{name}: reusing {target}")
-            self.seconds[name] = "reused"
-            return
-        start = time.time()
-        build_fn()
-        self.seconds[name] = time.time() - start
-        self.done[name] = key
-        write_json(self.done, self.path)
-        if record is not None:
-            write_json(key, record)
-        log(f"{name}: {self.seconds[name]:.0f}s -> {target}")
 
 
 def _probe_inputs(job: CompareJob, ctx: Context) -> dict[str, Any]:
@@ -419,28 +388,6 @@ def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stag
     return base
 
 
-FINAL_OUTPUTS = ("compare.json", "compare.md", "compare.parquet", "diffs.parquet", "diff.parquet")  # compare.json last
-
-
-def check_compare_out(out: Path, overwrite: bool) -> None:
-    """compare.out is new, an unfinished comparison (resumed from its stages), or a finished one: refused unless
-    `overwrite`. A folder of other files is refused either way."""
-    if not out.exists():
-        check_writable(out, "compare.out")
-        return
-    if not out.is_dir():
-        raise ConfigError(f"compare.out={out} is a file; give a folder")
-    if (out / "compare.json").exists():
-        if not overwrite:
-            raise ConfigError(
-                f"{out} holds a finished comparison; choose another compare.out, or add overwrite=true to replace it "
-                "(its finished stages with the same settings are reused)"
-            )
-    elif not (out / STAGES).exists() and any(out.iterdir()):
-        raise ConfigError(f"compare.out={out} holds other files (no {STAGES}, not a comparison); choose another compare.out")
-    check_writable(out, "compare.out")
-
-
 def run_compare(job: CompareJob, config_yaml: str = "", overwrite: bool = False) -> Path:
     """The whole comparison; returns the output folder. `overwrite`: a finished comparison in compare.out is replaced."""
     timings: dict[str, float | str] = {}
@@ -450,12 +397,7 @@ def run_compare(job: CompareJob, config_yaml: str = "", overwrite: bool = False)
     check_compare_out(out, overwrite)
     start = time.time()
     ctx = build_context(job, run_dir)  # refusals (scenario, trial, cost model) come before the output folder exists
-    out.mkdir(parents=True, exist_ok=True)
-    if not (out / STAGES).exists():
-        write_json({}, out / STAGES)
-    for name in FINAL_OUTPUTS:  # overwrite=true: unfinished from here on (an interrupted rerun resumes, never shows the old tables)
-        (out / name).unlink(missing_ok=True)
-    stages = Stages(out)
+    stages = open_compare_out(out)  # overwrite=true: unfinished from here on
     probe = job.compare.probe.resolved(ctx.hybrid)  # the default: on for a Llama-family run, off for a hybrid-MoE one
     methods = job.compare.resolved_methods(ctx.hybrid)
     job = dataclasses.replace(job, compare=dataclasses.replace(job.compare, probe=probe, methods=methods))
