@@ -205,40 +205,6 @@ def _report(argv: list[str]) -> int:
     return main(argv)
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished run folder as the sweep leaves it (config.yaml, metadata.json, trials and pareto), made without Ray."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from autocompress.arch.space import Architecture, Block
-    from autocompress.config.compose import CONF_DIR
-    from autocompress.io import write_json, write_parquet
-    from autocompress.results.pareto import pareto_frame
-    from autocompress.results.store import architecture_columns, trials_frame
-
-    from .conftest import TINY_CPU
-
-    run = tmp_path_factory.mktemp("results") / "cpu_interactive" / "r"
-    run.mkdir(parents=True)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=["+scenario=cpu_interactive", *TINY_CPU])
-    (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    rows = []
-    for n, ffn in enumerate((64, 96, 128)):
-        arch = Architecture(64, 4, 16, 256, True, (Block(2, ffn), Block(1, ffn)))
-        costs = {"ttft_ms": 10.0 + n, "tpot_ms": 1.0 + n, "throughput_tok_s": 100.0 - n, "memory_gib": 0.1}
-        rows.append({"trial_id": f"t{n}", "status": "ok", "error": "", **architecture_columns(arch), **costs})
-        rows[-1].update(kl_select=0.5 - n / 10, kl=0.5 - n / 10, feasible=True, feasible_ttft_ms=True, cost_model="analytic/cpu/v1")
-    trials = trials_frame(rows)
-    write_parquet(trials, run / "trials.parquet")
-    write_parquet(pareto_frame(trials), run / "pareto.parquet")
-    meta = {"status": "complete", "scenario": "cpu_interactive", "model": "tiny_llama", "sweep_definition": {"searcher": "grid"}}
-    meta |= {"constraints": {"ttft_ms": {"sense": "max", "value": 15.0}}, "base_costs": {"ttft_ms": 20.0, "tpot_ms": 2.0}}
-    write_json(meta, run / "metadata.json")
-    return run
-
-
 def _edit_json(name: str, change: Callable[[Any], Any]) -> Callable[[Path], None]:
     def edit(run: Path) -> None:
         path = run / name

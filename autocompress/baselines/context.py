@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from autocompress.baselines.comparison import CompareJob
-from autocompress.config.families import HYBRID_MOE, LLAMA
+from autocompress.config.families import HYBRID_MOE, LLAMA, family
 from autocompress.config.metrics import Constraint
 from autocompress.config.schema import RunSpec
 from autocompress.errors import ConfigError
@@ -77,19 +77,24 @@ def splits(job: CompareJob) -> tuple[str, ...]:
 
 
 def build_context(job: CompareJob, run_dir: Path) -> Context:
-    """Base model, space, the run's cost model and absolute constraints, calibration tokens."""
-    from autocompress.arch.space import Architecture, SearchSpace
-    from autocompress.cost import get_cost_model
-    from autocompress.model.base import load_base_model
-    from autocompress.model.data import load_token_data
-
+    """The compared trial's run, checked against the command's scenario, and its family's context (compare stage)."""
     run = load_run(run_dir)
     spec = run.spec or job.spec
     if spec.scenario.name != job.spec.scenario.name:
         raise ConfigError(f"compare.run={run_dir} is a run of scenario {spec.scenario.name!r}, not {job.spec.scenario.name!r}")
     row = pick_trial(run.trials, job.compare.trial, run_dir)
-    if row.get("family") == HYBRID_MOE:
-        return hybrid_context(job, run, spec, row)
+    context: Context = family(row.get("family")).stage("compare")(job, run, spec, row)  # the trial's family's seam
+    return context
+
+
+def llama_context(job: CompareJob, run: Any, spec: RunSpec, row: dict[str, Any]) -> Context:
+    """The Llama family's compare stage: the base model, the run's space and cost model (checked against the one that
+    judged its trials), the absolute constraints and the text splits compare reads."""
+    from autocompress.arch.space import Architecture, SearchSpace
+    from autocompress.cost import get_cost_model
+    from autocompress.model.base import load_base_model
+    from autocompress.model.data import load_token_data
+
     base = load_base_model(spec.model)
     space = SearchSpace.from_base(Architecture.from_llama_config(base.model.config), spec.search.space)
     cost_model = get_cost_model(space, spec.scenario, spec.results_dir, cost_model_choice(spec.cost_model, str(row["cost_model"])))

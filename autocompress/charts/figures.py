@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from autocompress.arch.space import Architecture
-from autocompress.config.families import HYBRID_MOE
+from autocompress.config.families import FAMILIES, LLAMA
 from autocompress.config.metrics import Constraint
 from autocompress.results.pareto import COST_DIRECTIONS, pareto_mask
 from autocompress.results.store import Run, layers, selection_quality
@@ -223,7 +223,8 @@ HYBRID_COLUMNS = ("experts", "expert_ffn", "shared_ffn", "mamba_layers", "attent
 
 def is_hybrid(run: Run) -> bool:
     """A hybrid-MoE run (GraniteMoeHybrid): global widths and kept layers, no per-layer block configs to draw."""
-    return run.metadata.get("family") == HYBRID_MOE
+    known = FAMILIES.get(run.metadata.get("family") or LLAMA)  # the family's seam says whether its trials have layers
+    return known is not None and not known.per_layer
 
 
 def no_architectures() -> ArchitectureInfo:

@@ -15,15 +15,23 @@ from typing import Any
 import torch
 
 from autocompress.arch.moe_pruning import MoEShape, moe_importance, prune
+from autocompress.checkpoints.pipeline import ExportRequest
 from autocompress.checkpoints.verification import ExportError, vllm_greedy
 from autocompress.config.schema import RunSpec
 from autocompress.io import staged
 from autocompress.model.data import load_token_data
+from autocompress.results.runcheck import CheckedRun
 from autocompress.search.moe import calibration_half, kl_and_perplexity, load_moe, logits_of, model_path
 
 
 def shape_of(row: dict[str, Any]) -> MoEShape:
     return MoEShape.from_json(row["architecture"])
+
+
+def export_trial(req: ExportRequest, row: dict[str, Any], run: CheckedRun) -> dict[str, Any]:
+    """The hybrid-MoE family's export stage (config/families.py): `req` an ExportRequest, `run` the checked run folder."""
+    assert run.spec is not None  # export checks the run folder with its config required
+    return export_moe(row, run.spec, req.out, req.overwrite, req.verify, req.vllm)
 
 
 def export_moe(row: dict[str, Any], spec: RunSpec, out: Path, overwrite: bool, verify: bool, vllm: bool) -> dict[str, Any]:

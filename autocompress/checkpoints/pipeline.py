@@ -15,13 +15,13 @@ from autocompress.arch.space import Architecture, SearchSpace
 from autocompress.checkpoints.card import Exported, model_card, provenance, serving_settings, undistilled_warning
 from autocompress.checkpoints.slicing import write_weights
 from autocompress.checkpoints.verification import verify_export, vllm_check
-from autocompress.config.families import HYBRID_MOE
+from autocompress.config.families import family
 from autocompress.config.schema import RunSpec
 from autocompress.errors import ConfigError
 from autocompress.io import RUN_PARETO, RUN_RANKING, RUN_TRIALS, check_output, log, staged
 from autocompress.model.base import load_base_model
 from autocompress.model.data import load_token_data
-from autocompress.results.runcheck import check_run_folder
+from autocompress.results.runcheck import CheckedRun, check_run_folder
 
 # --------------------------------------------------------------------------- picking a trial of a sweep run
 
@@ -142,12 +142,14 @@ def export(req: ExportRequest) -> Exported | dict[str, Any]:
     beside = [path.parent / RUN_TRIALS] if path.name != RUN_TRIALS and (path.parent / RUN_TRIALS).exists() else []
     run = check_run_folder(path.parent, status="any", tables=(path, *beside), fronts=False)  # before any model is loaded
     row = select_trial(path, req.trial, req.index, req.force)
+    return family(row.get("family")).stage("export")(req, row, run)  # the trial's model family (config/families.py)
+
+
+def export_llama(req: ExportRequest, row: dict[str, Any], run: CheckedRun) -> Exported:
+    """The Llama family's export stage: the trial's architecture sliced from the base model's weights in the run's
+    ranking (DeciLM for a heterogeneous one), checked against the searched model."""
     run_dir, spec, meta = run.path, run.spec, run.metadata
     assert spec is not None  # config="required"
-    if row.get("family") == HYBRID_MOE:
-        from autocompress.checkpoints.moe_export import export_moe
-
-        return export_moe(row, spec, req.out, req.overwrite, req.verify, req.vllm)
     arch = Architecture.from_json(row["architecture"])
     loaded = load_base_model(spec.model)
     model, tokenizer = loaded.model, loaded.tokenizer

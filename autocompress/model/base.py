@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from autocompress.config.families import DECILM, HYBRID_MOE, LLAMA, NEMOTRON_H
+from autocompress.config.families import FAMILIES, HYBRID_MOE, LLAMA, with_stage
 from autocompress.config.schema import ModelSpec
 from autocompress.errors import ConfigError
 
@@ -115,11 +115,6 @@ def tiny_llama(spec: ModelSpec) -> Any:
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # org/name: transformers fetches it from the hub
-FAMILY_HELP = {
-    HYBRID_MOE: "GraniteMoeHybrid models: sweep, export and compare take them; distill / evaluate as a checkpoint folder",
-    DECILM: "a DeciLM export of a pruned model: evaluate or distill it as a checkpoint; sweep the model it was pruned from",
-    NEMOTRON_H: "Nemotron-H models are planned from their config: python -m autocompress.plan architecture.path=DIR",
-}
 
 
 def has_tokenizer(path: Path) -> bool:
@@ -143,7 +138,8 @@ def check_model_folder(
     config = _config_json(folder, key)
     kind = config.get("model_type")
     if families is not None and kind not in families:
-        why = FAMILY_HELP.get(str(kind), f"this command takes {' or '.join(families)} models")
+        known = FAMILIES.get(str(kind))
+        why = known.help if known is not None and known.help else f"this command takes {' or '.join(families)} models"
         raise ConfigError(f"{key}={text} is a {kind!r} model ({why})")
     heads, kv, hidden = (config.get(k) for k in ("num_attention_heads", "num_key_value_heads", "hidden_size"))
     kv = kv or heads
@@ -159,10 +155,29 @@ def check_model_folder(
     return config
 
 
-def check_model_spec(spec: ModelSpec, families: tuple[str, ...] = (LLAMA, HYBRID_MOE)) -> None:
-    """model=hf model.path=...: the folder checked up front (commands call this before their run folder exists)."""
+def check_model_spec(spec: ModelSpec, families: tuple[str, ...] | None = None) -> None:
+    """model=hf model.path=...: the folder checked up front (commands call this before their run folder exists);
+    `families` default: those a sweep can prepare."""
     if spec.source == "hf" and spec.path:
-        check_model_folder(spec.path, "model.path", families)
+        check_model_folder(spec.path, "model.path", families or with_stage("prepare"))
+
+
+TINY_FAMILIES = {"tiny_hybrid_moe": HYBRID_MOE}  # model sources that build a model of another family than Llama
+
+
+def model_family(spec: ModelSpec) -> str:
+    """The family of a configured base model: a tiny source's, or the model_type in model.path's config.json (Llama
+    when it names none, or the model comes from the hub)."""
+    if spec.source in TINY_FAMILIES:
+        return TINY_FAMILIES[spec.source]
+    config = Path(spec.path).expanduser() / "config.json" if spec.source == "hf" and spec.path else None
+    if config is None or not config.is_file():
+        return LLAMA
+    try:
+        kind = json.loads(config.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return LLAMA  # check_model_folder names what is wrong with it
+    return str(kind) if kind in FAMILIES else LLAMA
 
 
 def _config_json(folder: Path, key: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from autocompress.config.families import HYBRID_MOE, LLAMA
+from autocompress.config.families import LLAMA, family
 from autocompress.cost import COST_KEYS
 from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.io import RUN_CONFIG, RUN_METADATA, RUN_PARETO, RUN_TRIALS
@@ -175,11 +175,11 @@ def check_table(path: Path, front: bool = False, needed: Iterable[str] = NEEDED_
 def check_architectures(path: Path, df: pd.DataFrame) -> None:
     """Every non-empty `architecture` cell parses as its family's JSON (a failed trial may have none)."""
     families = df["family"] if "family" in df.columns else pd.Series([LLAMA] * len(df), index=df.index)
-    for trial, text, family in zip(df["trial_id"], df["architecture"], families, strict=True):
+    for trial, text, name in zip(df["trial_id"], df["architecture"], families, strict=True):
         if text is None or (isinstance(text, float) and math.isnan(text)) or text is pd.NA or text == "":
             continue
         try:
-            _architecture(str(text), str(family))
+            _architecture(str(text), str(name))
         except (ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError) as exc:
             shown = str(text)[:60] + ("..." if len(str(text)) > 60 else "")
             raise RunFolderError(
@@ -187,16 +187,8 @@ def check_architectures(path: Path, df: pd.DataFrame) -> None:
             ) from exc
 
 
-def _architecture(text: str, family: str) -> None:
-    from autocompress.arch.space import Architecture
-
-    if family == HYBRID_MOE:
-        raw = json.loads(text)
-        missing = [k for k in ("experts", "expert_ffn", "shared_ffn", "layers") if k not in raw]
-        if missing:
-            raise KeyError(", ".join(missing))
-        return
-    Architecture.from_json(text)
+def _architecture(text: str, name: str) -> None:
+    family(name).stage("shape")(text)  # the family's own parser (config/families.py)
 
 
 def _first_line(exc: BaseException) -> str:

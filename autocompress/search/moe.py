@@ -36,7 +36,7 @@ from autocompress.arch.hybrid import HybridModel
 from autocompress.arch.moe_pruning import MAMBA, MoEImportance, MoEShape, hybrid_shapes, moe_importance, prune
 from autocompress.config.families import HYBRID_MOE
 from autocompress.config.metrics import METRICS, Constraint
-from autocompress.config.schema import ModelSpec, RunSpec
+from autocompress.config.schema import RunSpec
 from autocompress.cost.hybrid import HybridCost, evaluate, hardware_terms
 from autocompress.io import log
 from autocompress.model.base import check_model_folder
@@ -265,15 +265,24 @@ class MoEPrepared:
     base_architecture: str
     base_perplexity: float
 
+    def start(self, run_dir: Path) -> dict[str, Any]:
+        """A new run's model facts (each trial ranks on its own half of the calibration windows: no file to keep)."""
+        return {
+            "family": FAMILY,
+            "cost_model": self.inputs.cost_model,
+            "base_params": self.base_params,
+            "base_architecture": self.base_architecture,
+        }
 
-def is_hybrid_moe(spec: ModelSpec) -> bool:
-    """A GraniteMoeHybrid base model: the tiny trained one, or an hf path whose config says so."""
-    if spec.source == "tiny_hybrid_moe":
-        return True
-    if spec.source != "hf" or not spec.path:
-        return False
-    config = Path(spec.path).expanduser() / "config.json"
-    return config.is_file() and json.loads(config.read_text()).get("model_type") == FAMILY
+    def reopen(self, run_dir: Path) -> None:
+        """Nothing to restore: a trial's ranking is computed again from its own calibration half."""
+
+
+def moe_trainable(spec: RunSpec, prepared: MoEPrepared) -> Any:
+    """The family seam's trainable stage: one hybrid-MoE trial on Ray Tune."""
+    from ray import tune
+
+    return tune.with_parameters(run_moe_trial, spec=spec, inputs=prepared.inputs)
 
 
 def model_path(spec: RunSpec, progress: bool = True) -> str:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
@@ -17,11 +19,25 @@ from autocompress.config.metrics import Constraint
 from autocompress.config.schema import RunSpec, Scenario
 from autocompress.cost import CostModel, get_cost_model
 from autocompress.errors import ConfigError, InfeasibleError
-from autocompress.io import log
+from autocompress.io import RUN_RANKING, log
 from autocompress.model.base import BaseModel, load_base_model
 from autocompress.model.data import load_token_data
 from autocompress.search.differentiable import SearchInputs, evaluate, fill, flat_logits
 from autocompress.search.rival import best_homogeneous, homogeneous_full_kv
+
+
+class PreparedRun(Protocol):
+    """What every model family's prepare stage returns (config/families.py), as the sweep driver uses it."""
+
+    base_costs: dict[str, float]
+    base_perplexity: float
+
+    @property
+    def inputs(self) -> Any: ...  # the trials' inputs; .constraints: the absolute bounds
+
+    def start(self, run_dir: Path) -> dict[str, Any]: ...  # a new run: its files, its metadata's model facts
+
+    def reopen(self, run_dir: Path) -> None: ...  # a resumed run: what its trials used
 
 
 @dataclass
@@ -32,6 +48,29 @@ class Prepared:
     base_costs: dict[str, float]
     base_perplexity: float  # report-split perplexity of the unpruned model (the tokens trials report on)
     inputs: SearchInputs
+
+    # what every family's prepare stage returns (config/families.py): base_costs, base_perplexity, inputs.constraints,
+    # and these two, which keep the run folder's family-specific files
+
+    def start(self, run_dir: Path) -> dict[str, Any]:
+        """A new run: write what its trials and export read (the unit ranking); its metadata's model facts."""
+        self.inputs.ranking.save(run_dir / RUN_RANKING)  # export slices weights in this order
+        return {
+            "cost_model": self.cost_model.describe(),
+            "base_params": self.space.base.num_params(),
+            "base_architecture": self.space.base.to_json(),
+        }
+
+    def reopen(self, run_dir: Path) -> None:
+        """A resumed run: its trials go on with the ranking the run started with."""
+        from autocompress.arch.masking import Ranking
+
+        if not (run_dir / RUN_RANKING).exists():
+            raise ConfigError(f"{run_dir} holds no ranking.safetensors; this run cannot be resumed, start a new one")
+        saved = Ranking.load(run_dir / RUN_RANKING)
+        # the rival's selection KL was measured under the fresh ranking: trials measure it again under another one
+        select = self.inputs.homogeneous_select if saved.same_as(self.inputs.ranking) else None
+        self.inputs = dataclasses.replace(self.inputs, ranking=saved, homogeneous_select=select)
 
 
 def resolve_constraints(scenario: Scenario, space: SearchSpace, cost_model: CostModel) -> tuple[tuple[Constraint, ...], dict[str, float]]:

@@ -24,17 +24,17 @@ from autocompress.cluster import (
     check_trial_fits,
     start_ray,
 )
+from autocompress.config.families import family
 from autocompress.config.metrics import METRICS, Constraint
 from autocompress.config.schema import SETTING_KEYS, LagrangianSettings, RunSpec
 from autocompress.cost import CostModel
 from autocompress.errors import AutoCompressError, ConfigError
-from autocompress.io import RUN_CONFIG, RUN_PARETO, RUN_RANKING, RUN_TRIALS, log, write_parquet, write_text
-from autocompress.model.base import check_model_spec
+from autocompress.io import RUN_CONFIG, RUN_PARETO, RUN_TRIALS, log, write_parquet, write_text
+from autocompress.model.base import check_model_spec, model_family
 from autocompress.results.pareto import COST_DIRECTIONS, QUALITY, pareto_frame
 from autocompress.results.store import architecture_columns, feasibility_columns, trials_frame
 from autocompress.search.differentiable import SearchInputs, SearchResult
-from autocompress.search.moe import FAMILY, MoEPrepared, is_hybrid_moe, prepare_moe, run_moe_trial
-from autocompress.search.prepare import Prepared, prepare
+from autocompress.search.prepare import Prepared, PreparedRun
 from autocompress.search.runfolder import OPTUNA_JOURNAL, RunFolder, check_resumable, driver_info, git_sha, new_run_dir
 from autocompress.search.tracking import CURVE, check_trackers, last_error, stopper, trackers, watcher
 
@@ -144,6 +144,13 @@ def trial_row(
     return row
 
 
+def llama_trainable(spec: RunSpec, prepared: Prepared) -> Any:
+    """The family seam's trainable stage: one gradient-search trial of a Llama-family model on Ray Tune."""
+    from ray import tune
+
+    return tune.with_parameters(run_trial, spec=spec, inputs=prepared.inputs, cost_model=prepared.cost_model)
+
+
 def run_trial(config: dict[str, Any], spec: RunSpec, inputs: SearchInputs, cost_model: CostModel) -> None:
     """Ray Tune trainable: one search with this trial's Lagrangian settings (the driver's cost model)."""
     import torch
@@ -227,17 +234,11 @@ def _recorder(run: RunFolder, spec: RunSpec, rows: list[dict[str, Any]], total: 
 # --------------------------------------------------------------------------- the driver
 
 
-def _start(spec: RunSpec, config_yaml: str, prepared: Prepared | MoEPrepared, definition: dict[str, Any], run: RunFolder) -> dict[str, Any]:
+def _start(spec: RunSpec, config_yaml: str, prepared: PreparedRun, definition: dict[str, Any], run: RunFolder) -> dict[str, Any]:
     """Fill the claimed run folder: config.yaml, ranking.safetensors, metadata.json (status running)."""
     run.path.mkdir(parents=True, exist_ok=True)
     write_text(config_yaml, run.path / RUN_CONFIG)
-    if isinstance(prepared, MoEPrepared):  # each trial ranks on its own half of the calibration windows
-        model_facts = {"family": FAMILY, "cost_model": prepared.inputs.cost_model, "base_params": prepared.base_params}
-        model_facts["base_architecture"] = prepared.base_architecture
-    else:
-        prepared.inputs.ranking.save(run.path / RUN_RANKING)  # export slices weights in this order
-        model_facts = {"cost_model": prepared.cost_model.describe(), "base_params": prepared.space.base.num_params()}
-        model_facts["base_architecture"] = prepared.space.base.to_json()
+    model_facts = prepared.start(run.path)  # the family's files (the Llama ranking) and facts
     return {
         "status": "running",
         "started": dt.datetime.now().isoformat(timespec="seconds"),
@@ -256,20 +257,11 @@ def _start(spec: RunSpec, config_yaml: str, prepared: Prepared | MoEPrepared, de
     }
 
 
-def _resume(run: RunFolder, prepared: Prepared | MoEPrepared) -> dict[str, Any]:
-    """Reopen an interrupted run: its metadata (status running again) and the ranking its trials used."""
-    from autocompress.arch.masking import Ranking
-
+def _resume(run: RunFolder, prepared: PreparedRun) -> dict[str, Any]:
+    """Reopen an interrupted run: its metadata (status running again) and what its trials used (the Llama ranking)."""
     meta = run.metadata()
     check_resumable(run.path, meta)
-    if isinstance(prepared, MoEPrepared):
-        return _reopened(meta)
-    if not (run.path / RUN_RANKING).exists():
-        raise ConfigError(f"{run.path} holds no ranking.safetensors; this run cannot be resumed, start a new one")
-    saved = Ranking.load(run.path / RUN_RANKING)
-    # the rival's selection KL was measured under the fresh ranking: trials measure it again under another one
-    select = prepared.inputs.homogeneous_select if saved.same_as(prepared.inputs.ranking) else None
-    prepared.inputs = dataclasses.replace(prepared.inputs, ranking=saved, homogeneous_select=select)
+    prepared.reopen(run.path)
     return _reopened(meta)
 
 
@@ -284,7 +276,7 @@ def _fit(
     spec: RunSpec,
     definition: dict[str, Any],
     run: RunFolder,
-    prepared: Prepared | MoEPrepared,
+    prepared: PreparedRun,
     rows: list[dict[str, Any]],
     attempt: int,
 ) -> None:
@@ -301,12 +293,7 @@ def _fit(
         resources["memory"] = sw.memory_per_trial_gib * GIB
         asked += f", {sw.memory_per_trial_gib:g} GiB"
     watch = PendingWatch(sw.pending_warn_s, sw.pending_timeout_s, asked + " free for a trial")
-    if isinstance(prepared, MoEPrepared):
-        trainable = tune.with_resources(tune.with_parameters(run_moe_trial, spec=spec, inputs=prepared.inputs), resources)
-    else:
-        trainable = tune.with_resources(
-            tune.with_parameters(run_trial, spec=spec, inputs=prepared.inputs, cost_model=prepared.cost_model), resources
-        )
+    trainable = tune.with_resources(family(model_family(spec.model)).stage("trainable")(spec, prepared), resources)
     if spec.sweep.report_every and searcher is not None:
         # the search's step reports (search_*) carry no final metric; the multi-objective Optuna searcher ignores them
         os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
@@ -335,10 +322,10 @@ def _fit(
         raise watch.error(f"resume={run.path}")
 
 
-def _prepare(spec: RunSpec) -> Prepared | MoEPrepared:
-    """prepare() (prepare_moe() for hybrid MoE models) with Ray starting beside it; refuses, once Ray is up, trials that no node can run."""
+def _prepare(spec: RunSpec) -> PreparedRun:
+    """The model family's prepare stage with Ray starting beside it; refuses, once Ray is up, trials that no node can run."""
     started: list[Callable[[], None]] = []  # Ray starts once the spec is checked, while the teacher's outputs are computed
-    prep = prepare_moe if is_hybrid_moe(spec.model) else prepare
+    prep = family(model_family(spec.model)).stage("prepare")  # the model family's seam (config/families.py)
     prepared = prep(spec, on_checked=lambda: started.append(start_ray(spec.sweep.ray_address)))
     started[0]()
     check_trial_fits(spec.sweep.cpus_per_trial, spec.sweep.gpus_per_trial, spec.sweep.memory_per_trial_gib)
