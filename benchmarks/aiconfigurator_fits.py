@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import common  # noqa: F401  (checks that the autocompress imported is this tree's)
+
 ROOT = Path(__file__).resolve().parents[1]
 FITS = ROOT / "autocompress" / "cost" / "fits"
 OUT = ROOT / "benchmarks" / "results" / "aiconfigurator"

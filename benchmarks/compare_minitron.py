@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import common  # noqa: F401  (checks that the autocompress imported is this tree's)
 import pandas as pd
 
 from autocompress.config import cpuinfo

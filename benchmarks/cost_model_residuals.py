@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+import common  # noqa: F401  (checks that the autocompress imported is this tree's)
 import numpy as np
 
 from autocompress.arch.space import Architecture, SearchSpace

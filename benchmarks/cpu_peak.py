@@ -9,6 +9,7 @@ import argparse
 import json
 import time
 
+import common  # noqa: F401  (checks that the autocompress imported is this tree's)
 import torch
 
 

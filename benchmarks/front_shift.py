@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import common  # noqa: F401  (checks that the autocompress imported is this tree's)
+
 ROOT = Path(__file__).resolve().parents[1]
 C4 = ROOT.parent / "shared" / "data" / "corpora" / "c4_sample"
 MODELS = ("analytic", "auto")

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import common  # noqa: F401  (checks that the autocompress imported is this tree's)
 import pandas as pd
 import yaml
 
@@ -154,13 +155,13 @@ def main(argv: list[str] | None = None) -> None:
         log.parent.mkdir(parents=True, exist_ok=True)
         run_dir = results / scenario / RUN_ID
         seconds: dict[str, float] = {}
-        common = [f"+scenario={scenario}", f"results.dir={results}", *proto["overrides"]]
+        shared = [f"+scenario={scenario}", f"results.dir={results}", *proto["overrides"]]
         state = sweep_state(run_dir)
         if state != "complete":
             extra = [f"resume={run_dir}"] if state == "interrupted" else [f"results.run_id={RUN_ID}"]
-            seconds["sweep"] = run([py, "-m", "autocompress.sweep", *common, *extra], log)
+            seconds["sweep"] = run([py, "-m", "autocompress.sweep", *shared, *extra], log)
         compare_dir = results / scenario / "compare"
-        cmd = [py, "-m", "autocompress.compare", *common, *proto["compare"], f"compare.run={run_dir}", f"compare.out={compare_dir}"]
+        cmd = [py, "-m", "autocompress.compare", *shared, *proto["compare"], f"compare.run={run_dir}", f"compare.out={compare_dir}"]
         if not (compare_dir / "compare.json").exists():  # a finished comparison is recorded again, not rerun
             seconds["compare"] = run(cmd, log)
         result = record(scenario, compare_dir, proto, code, seconds)

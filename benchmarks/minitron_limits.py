@@ -16,22 +16,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import common  # noqa: F401  (checks that the autocompress imported is this tree's)
 
-from autocompress.arch.importance import teacher_hidden  # noqa: E402
-from autocompress.arch.masking import MaskedModel  # noqa: E402
-from autocompress.baselines import minitron  # noqa: E402
-from autocompress.baselines.comparison import job_from_dict  # noqa: E402
-from autocompress.compare import build_context  # noqa: E402
-from autocompress.config.compose import compose_dict  # noqa: E402
-from autocompress.errors import InfeasibleError  # noqa: E402
-from autocompress.results.store import load_run  # noqa: E402
-from autocompress.search.differentiable import evaluate  # noqa: E402
+from autocompress.arch.importance import teacher_hidden
+from autocompress.arch.masking import MaskedModel
+from autocompress.baselines import minitron
+from autocompress.baselines.comparison import job_from_dict
+from autocompress.baselines.context import build_context
+from autocompress.config.compose import compose_dict
+from autocompress.errors import InfeasibleError
+from autocompress.results.store import load_run
+from autocompress.search.differentiable import evaluate
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:

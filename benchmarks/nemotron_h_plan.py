@@ -20,8 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import common  # noqa: F401  (checks that the autocompress imported is this tree's)
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 C4 = ROOT.parent / "shared" / "data" / "corpora" / "c4_sample"
 

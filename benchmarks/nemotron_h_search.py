@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import common  # noqa: F401  (checks that the autocompress imported is this tree's)
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 C4 = ROOT.parent / "shared" / "data" / "corpora" / "c4_sample"
 KEYS = ("hidden_size", "mamba_num_heads", "mamba_head_dim", "intermediate_size", "mamba_layers")

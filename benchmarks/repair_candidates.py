@@ -17,18 +17,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from search_levers import dual_steps
-from search_quality import scored
+from common import dual_steps, scored
 
 from autocompress.arch.masking import MaskedModel
 from autocompress.arch.space import Architecture

@@ -19,16 +19,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from search_quality import SETTINGS, shape
+from common import SETTINGS, shape
 
 from autocompress.arch.masking import MaskedModel
 from autocompress.arch.space import Architecture

@@ -18,15 +18,12 @@ import argparse
 import dataclasses
 import json
 import statistics
-import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import dual_steps
 
 from autocompress.config.compose import compose_spec
 from autocompress.config.cpuinfo import identity as cpu
@@ -52,15 +49,6 @@ SEARCH_ONLY = (
     "search.probe_sequences",
     "search.settings.",
 )
-
-
-def dual_steps(definition: Mapping[str, Any]) -> list[float]:
-    """The sweep grid's dual steps (conf/sweep/definition/grid.yaml): each is searched at margin 0 with seeds base
-    and base + 1, as the default sweep runs them."""
-    steps = definition.get("grid", {}).get("dual_lr") if definition.get("searcher") == "grid" else None
-    if not steps:
-        raise SystemExit("search_levers takes its dual steps from the sweep grid; use sweep/definition=grid with grid.dual_lr set")
-    return [float(d) for d in steps]
 
 
 def parse_lever(text: str) -> tuple[str, list[str]]:

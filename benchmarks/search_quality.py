@@ -36,15 +36,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import SETTINGS, scored, shape
 
 from autocompress.arch.importance import importance, sublayer_order
 from autocompress.arch.masking import MaskedModel
-from autocompress.arch.space import Architecture
 from autocompress.baselines.minitron import MinitronSpec
 from autocompress.baselines.minitron import search as minitron_search
 from autocompress.baselines.naive import greedy_removal
 from autocompress.baselines.puzzletron import PuzzletronSpec
 from autocompress.baselines.puzzletron import search as puzzletron_search
+from autocompress.config import cpuinfo
 from autocompress.config.compose import compose_spec
 from autocompress.config.schema import LagrangianSettings
 from autocompress.cost import CostModel
@@ -53,39 +54,8 @@ from autocompress.search.differentiable import SearchInputs, evaluate, run_searc
 from autocompress.search.prepare import prepare
 from autocompress.search.rival import homogeneous_full_kv
 
-SETTINGS = [
-    LagrangianSettings(margin=0.0, dual_lr=2.0),
-    LagrangianSettings(margin=0.1, dual_lr=0.5),
-    LagrangianSettings(margin=0.0, dual_lr=0.5, seed=1),
-]
 TABLE = ("searched", "search_only", "homogeneous_full_kv", "greedy", "cost_only", "argmax_before_repair", "minitron", "puzzletron")
 ONLY = ("puzzletron",)  # baselines that can run alone (--only) and join an existing row
-
-
-def shape(arch: Architecture) -> dict[str, Any]:
-    """Per-layer shape strings: attention 'KV heads' or '-', FFN widths."""
-    return {
-        "hidden": arch.hidden_size,
-        "query_heads": arch.num_attention_heads,
-        "attention": "".join(str(b.kv_heads) if b.kv_heads else "-" for b in arch.blocks),
-        "ffn": [b.ffn for b in arch.blocks],
-    }
-
-
-def scored(
-    model: Any,
-    masked: MaskedModel,
-    inputs: SearchInputs,
-    cm: CostModel,
-    arch: Architecture,
-    extra: dict[str, Any] | None = None,
-    report: bool = True,
-) -> dict[str, Any]:
-    """Selection- and (unless `report` is False) report-split KL of `arch`, its feasibility, costs and shape."""
-    kl_sel, _ = evaluate(model, masked, arch, inputs.select, inputs.teacher_select)
-    kl, ppl = evaluate(model, masked, arch, inputs.report, inputs.teacher_report) if report else (float("nan"), float("nan"))
-    row = {"kl": kl, "kl_select": kl_sel, "perplexity": ppl, "params": arch.num_params(), "feasible": meets(cm, inputs.constraints, arch)}
-    return row | cm.predict(arch) | shape(arch) | (extra or {})
 
 
 def puzzletron_row(model: Any, inputs: SearchInputs, cm: CostModel) -> dict[str, Any]:
@@ -209,7 +179,8 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. search.steps=24")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in line), "")
+    ident = cpuinfo.identity()  # the model name and the SIMD that matters (AVX2-only and AVX-512 machines differ ~3.7x)
+    cpu = f"{ident['model']} ({ident['simd']}, {ident['cores']} cores)"
     results = []
     for name in args.scenario:
         start = time.time()

@@ -23,16 +23,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from search_quality import scored
+from common import scored
 
 from autocompress.arch.masking import MaskedModel
 from autocompress.config.compose import compose_spec

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import common  # noqa: F401  (checks that the autocompress imported is this tree's)
 import torch
 from scipy.stats import spearmanr
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import common  # noqa: F401  (checks that the autocompress imported is this tree's)
 import torch
 
 from autocompress.config.compose import compose_spec

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -17,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def headline() -> ModuleType:
+    if str(ROOT / "benchmarks") not in sys.path:  # as `python benchmarks/headline.py` has it: benchmarks/common.py beside it
+        sys.path.insert(0, str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location("headline", ROOT / "benchmarks" / "headline.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "autocompress"
@@ -116,3 +117,27 @@ def test_no_import_cycle_between_modules() -> None:
             cycle = visit(start, [start])
             assert cycle is None, "import cycle: " + " -> ".join(cycle)
     assert len(graph) > 50 and "autocompress.search.tune" in graph["autocompress.sweep"] | set().union(*graph.values())
+
+
+def test_benchmarks_import_no_command_and_no_other_benchmark() -> None:
+    """A benchmark uses the package's stages and benchmarks/common.py, never a command module or another benchmark, and
+    finds the package installed (no sys.path edits)."""
+    bench = PKG.parent / "benchmarks"
+    others = {p.stem for p in bench.glob("*.py")} - {"common"}
+    for path in sorted(bench.glob("*.py")):
+        text = path.read_text()
+        assert "sys.path" not in text, f"{path.name} edits sys.path"
+        assert path.name == "common.py" or re.search(r"^(import common|from common import)", text, re.M), f"{path.name}: no tree check"
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                assert parts[0] not in others, f"{path.name} imports the benchmark {name}: move what it shares to benchmarks/common.py"
+                assert parts[:1] != ["autocompress"] or parts[1:2] == [] or parts[1] not in COMMANDS, (
+                    f"{path.name} imports the command {name}"
+                )
