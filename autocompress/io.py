@@ -142,3 +142,24 @@ def staged(out: Path, overwrite: bool, **output: str) -> Iterator[Path]:
             shutil.rmtree(old)
         elif old.exists():
             old.unlink()
+
+
+class Clock:
+    """Seconds per stage of a long job, for the record (metadata.json, trials.parquet) and its log line."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._now = time.perf_counter
+        self._last = self._now()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, stage: str) -> float:
+        """The seconds since the previous lap (or the start), added to `stage`."""
+        now = self._now()
+        took, self._last = now - self._last, now
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + took
+        return took
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k} {v:.0f}s" for k, v in self.seconds.items())

@@ -57,7 +57,7 @@ def test_report_and_export_lines_run_as_written(
     """README's and the docs' report / export commands, on a copy of the tiny run (its path for the example's)."""
     import shutil
 
-    run = shutil.copytree(tiny_sweep[0], tmp_path / "run")
+    run = shutil.copytree(tiny_sweep[0], tmp_path / "run", ignore=shutil.ignore_patterns("report"))  # as the sweep left it
     args = shlex.split(RUN_PATH.sub(str(run), line))[1:]  # `-m autocompress.X ...`, from the folder the doc's paths are in
     work = tmp_path / "cwd"
     work.mkdir()

@@ -72,6 +72,11 @@ TRIAL_SCHEMA: dict[str, tuple[str, str]] = {
     "searched_kl_select": ("float64", "selection-split KL of the search's own result, kept or not (= kl_select where origin is search)"),
     "searched_params": ("int64", "parameter count of the search's own result, kept or not"),
     "wall_s": ("float64", "wall-clock seconds of the search"),
+    "steps_s": ("float64", "of wall_s: the gradient (and settling) steps"),
+    "repair_s": ("float64", "of wall_s: the repair moves (each candidate scored on search.probe_sequences windows)"),
+    "fill_s": ("float64", "of wall_s: the fill moves"),
+    "rival_s": ("float64", "of wall_s: the homogeneous rival's repair, fill and selection score"),
+    "score_s": ("float64", "of wall_s: the pick's selection- and report-split evaluation"),
     "cost_model": ("string", "id of the cost model that predicted the costs"),
     "cost_model_extrapolated": ("bool", "the architecture or workload lies outside what the (fitted) cost model was measured on"),
 }

@@ -30,6 +30,7 @@ from autocompress.arch.space import Architecture, SearchSpace
 from autocompress.config.metrics import Constraint
 from autocompress.config.schema import LagrangianSettings, SearchSpec
 from autocompress.cost import ArchDistribution, CostModel
+from autocompress.io import Clock
 
 
 @dataclass
@@ -47,6 +48,9 @@ class SearchInputs:
     constraints: tuple[Constraint, ...]  # absolute bounds
     homogeneous: Architecture | None = None  # best full-width homogeneous shape (selection KL): each search's rival, filled alike
     homogeneous_select: tuple[float, float] | None = None  # its selection-split (KL, perplexity): trials that leave it unchanged reuse them
+
+
+SEARCH_PHASES = ("steps", "repair", "fill", "rival", "score")  # where a trial's seconds go (trials.parquet: <phase>_s)
 
 
 @dataclass
@@ -69,6 +73,7 @@ class SearchResult:
     origin: str = "search"  # "homogeneous" when the filled homogeneous rival had the lower selection KL and was kept
     searched: Architecture | None = None  # the search's own result (repaired, filled), kept or not
     searched_kl_select: float = math.nan  # its selection-split KL
+    seconds: dict[str, float] = field(default_factory=dict)  # per phase: steps, repair, fill, rival, score
 
     @property
     def all_feasible(self) -> bool:
@@ -329,6 +334,7 @@ def run_search(
             costs = cost_model.predict(space.architecture(int(h), att.tolist(), ffn.tolist(), int(q)))
             return torch.stack([violation(c, torch.tensor(costs[c.metric], dtype=torch.float64)) for c in cons]).clamp(min=0.0)
 
+        clock = Clock()  # seconds per phase, for trials.parquet (where a trial's time goes)
         bar = tqdm(range(spec.steps), desc="search", disable=not progress, dynamic_ncols=True)
         for step in bar:
             one_step(step, settings.tau_start * (settings.tau_end / settings.tau_start) ** (step / max(1, spec.steps - 1)))
@@ -339,6 +345,7 @@ def run_search(
             one_step(spec.steps + settled, settings.tau_end, hard)  # the argmax misses a bound: push on, at the final temperature
             settled += 1
         masked.clear()
+        clock.lap("steps")  # the gradient steps and the settling ones
         final = current()
         h, att, ffn, q = (t.detach().argmax(-1) for t in final)
         arch = argmax = space.architecture(int(h), att.tolist(), ffn.tolist(), int(q))
@@ -348,10 +355,13 @@ def run_search(
             return evaluate(model, masked, a, *probe)[0]
 
         arch, repairs = repair(arch, space, cost_model, cons, tuple(final), quality, spec.candidates)
+        clock.lap("repair")
         repaired, fills = arch, 0
         if spec.fill:
             arch, fills = fill(arch, space, cost_model, cons, tuple(final), quality, settings.margin, spec.candidates)
+        clock.lap("fill")
         kl_select, ppl_select = evaluate(model, masked, arch, inputs.select, inputs.teacher_select)
+        clock.lap("score")
         searched, searched_kl, origin = arch, kl_select, "search"
         # The rival: the best homogeneous shape, prepared at the bounds themselves. A trial that aims `margin` inside
         # them (a cheaper point of the front) repairs it into the same tightened bounds first, so each trial's rival
@@ -370,7 +380,9 @@ def run_search(
                 rival_kl, rival_ppl = evaluate(model, masked, rival, inputs.select, inputs.teacher_select)
             if rival_kl < kl_select:
                 arch, fills, kl_select, ppl_select, origin = rival, rival_fills, rival_kl, rival_ppl, "homogeneous"
+        clock.lap("rival")
         kl_report, ppl_report = evaluate(model, masked, arch, inputs.report, inputs.teacher_report)
+        clock.lap("score")
     finally:
         masked.remove()
     costs_final = cost_model.predict(arch)
@@ -393,4 +405,5 @@ def run_search(
         origin=origin,
         searched=searched,
         searched_kl_select=searched_kl,
+        seconds=clock.seconds,
     )

@@ -19,7 +19,7 @@ from autocompress.config.metrics import Constraint
 from autocompress.config.schema import RunSpec, Scenario
 from autocompress.cost import CostModel, get_cost_model
 from autocompress.errors import ConfigError, InfeasibleError
-from autocompress.io import RUN_RANKING, log
+from autocompress.io import RUN_RANKING, Clock, log
 from autocompress.model.base import BaseModel, load_base_model
 from autocompress.model.data import load_token_data
 from autocompress.search.differentiable import SearchInputs, evaluate, fill, flat_logits
@@ -48,6 +48,7 @@ class Prepared:
     base_costs: dict[str, float]
     base_perplexity: float  # report-split perplexity of the unpruned model (the tokens trials report on)
     inputs: SearchInputs
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # per preparation stage (Clock)
 
     # what every family's prepare stage returns (config/families.py): base_costs, base_perplexity, inputs.constraints,
     # and these two, which keep the run folder's family-specific files
@@ -168,7 +169,9 @@ def prepare(spec: RunSpec, progress: bool = True, on_checked: Callable[[], Any] 
     before the data and the teacher's outputs (the long part): the sweep starts Ray there.
     """
     start = time.time()
+    clock = Clock()
     base_model = load_base_model(spec.model)
+    clock.lap("model")  # converting the embedded checkpoint on first use, then loading it
     check_positions(spec.data.seq_len, base_model.model.config, "data.seq_len")
     base = Architecture.from_llama_config(base_model.model.config)
     space = SearchSpace.from_base(base, spec.search.space)
@@ -185,15 +188,19 @@ def prepare(spec: RunSpec, progress: bool = True, on_checked: Callable[[], Any] 
             "warning: the unpruned model already meets every bound under this cost model; pruning buys nothing here. "
             "Tighten scenario.constraints (e.g. a 0.7x share of the base) or check the hardware and workload"
         )
+    clock.lap("space")  # space, cost model, bounds
     data = load_token_data(spec.data, base_model.tokenizer)
+    clock.lap("text")
     log(f"calibration text ({spec.data.source}): {data.summary()}")
     if on_checked is not None:
         on_checked()
     model = base_model.model
     ranking = rank_units(model, data.calib[: spec.search.importance_sequences], progress=progress)
+    clock.lap("importance")
     calib_hidden = teacher_hidden(model, data.calib, progress=progress, desc="teacher (calibration)")
     select_hidden = teacher_hidden(model, data.select, progress=progress, desc="teacher (selection)")
     report_hidden = teacher_hidden(model, data.report, progress=progress, desc="teacher (report)")
+    clock.lap("teacher")
     inputs = SearchInputs(
         space=space,
         ranking=ranking,
@@ -207,10 +214,12 @@ def prepare(spec: RunSpec, progress: bool = True, on_checked: Callable[[], Any] 
     )
     masked = MaskedModel(model, space, ranking)
     _, base_ppl = evaluate(model, masked, None, data.report, report_hidden)
+    clock.lap("base_eval")
     if spec.search.homogeneous_candidate:
         rival = homogeneous_rival(model, masked, inputs, cost_model, spec.search.importance_sequences, spec.search.probe_sequences)
         if rival is not None:
             inputs.homogeneous, inputs.homogeneous_select = rival
     masked.remove()
-    log(f"prepared in {time.time() - start:.0f}s; base model report-split perplexity {base_ppl:.2f}")
-    return Prepared(base_model, space, cost_model, base_costs, base_ppl, inputs)
+    clock.lap("rival")  # the homogeneous rival (search.homogeneous_candidate)
+    log(f"prepared in {time.time() - start:.0f}s ({clock}); base model report-split perplexity {base_ppl:.2f}")
+    return Prepared(base_model, space, cost_model, base_costs, base_ppl, inputs, clock.seconds)

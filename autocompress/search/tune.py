@@ -33,7 +33,7 @@ from autocompress.io import RUN_CONFIG, RUN_PARETO, RUN_TRIALS, log, write_parqu
 from autocompress.model.base import check_model_spec, model_family
 from autocompress.results.pareto import COST_DIRECTIONS, QUALITY, pareto_frame
 from autocompress.results.store import architecture_columns, feasibility_columns, trials_frame
-from autocompress.search.differentiable import SearchInputs, SearchResult
+from autocompress.search.differentiable import SEARCH_PHASES, SearchInputs, SearchResult
 from autocompress.search.prepare import Prepared, PreparedRun
 from autocompress.search.runfolder import OPTUNA_JOURNAL, RunFolder, check_resumable, driver_info, git_sha, new_run_dir
 from autocompress.search.tracking import CURVE, check_trackers, last_error, stopper, trackers, watcher
@@ -138,6 +138,7 @@ def trial_row(
     row.update(feasibility_columns(constraints, result.feasible))
     row.update(kl_select=result.kl_select, perplexity_select=result.perplexity_select, kl=result.kl, perplexity=result.perplexity)
     row.update(repair_steps=result.repair_steps, fill_steps=result.fill_steps, origin=result.origin, wall_s=result.wall_s)
+    row.update({f"{phase}_s": result.seconds.get(phase, 0.0) for phase in SEARCH_PHASES})
     own = result.searched or result.architecture
     row.update(searched_kl_select=result.searched_kl_select, searched_params=own.num_params())
     row.update(cost_model=cost_model.id, cost_model_extrapolated=cost_model.extrapolates(result.architecture))
