@@ -45,6 +45,10 @@ def test_two_trial_sweep_writes_parquet(tmp_path: Path, sweep: str, request: pyt
     # every trial marked feasible meets every constraint under the cost model that judged it
     meta = json.loads((run / "metadata.json").read_text())
     assert meta["status"] == "complete"
+    stages = ["model", "space", "text", "importance", "teacher", "base_eval", "rival"]  # where the preparation's time went
+    assert list(meta["prepare_seconds"]) == stages and all(v >= 0 for v in meta["prepare_seconds"].values())
+    phases = trials[["steps_s", "repair_s", "fill_s", "rival_s", "score_s"]]  # ... and each trial's
+    assert (phases >= 0).all().all() and (trials["steps_s"] > 0).all() and (phases.sum(axis=1) <= trials["wall_s"] + 1e-6).all()
     assert meta["git_sha"] is None or isinstance(meta["git_sha"], str)
     for _, row in trials[trials["feasible"]].iterrows():
         for metric, bound in meta["constraints"].items():

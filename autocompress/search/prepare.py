@@ -57,6 +57,7 @@ class Prepared:
         """A new run: write what its trials and export read (the unit ranking); its metadata's model facts."""
         self.inputs.ranking.save(run_dir / RUN_RANKING)  # export slices weights in this order
         return {
+            "prepare_seconds": self.seconds,
             "cost_model": self.cost_model.describe(),
             "base_params": self.space.base.num_params(),
             "base_architecture": self.space.base.to_json(),
