@@ -94,6 +94,13 @@ def test_adding_a_model_family_as_documented(
     assert build_context(job, run) == "context"
     assert [c for c, _ in calls] == ["export", "compare"] and calls[0][1] == calls[1][1]  # the same trial, the best
 
+    from autocompress.baselines.context import Context
+    from autocompress.baselines.interface import minitron_pick
+
+    assert Context(*[None] * 9, family="mine").hybrid  # not per-layer: compare leaves out the Llama-only steps
+    with pytest.raises(NotImplementedError, match="Minitron for the mine family"):
+        minitron_pick(types.SimpleNamespace(family="mine"), None)  # type: ignore[arg-type]
+
     broken = pd.read_parquet(run / "trials.parquet").assign(architecture=json.dumps({"layers": 3}))
     broken.to_parquet(run / "trials.parquet")
     with pytest.raises(RunFolderError, match=r"trial t0's architecture .* is not an architecture \(ValueError: no list of kept layers\)"):

@@ -37,7 +37,9 @@ class Context:
 
     @property
     def hybrid(self) -> bool:
-        return self.family == HYBRID_MOE
+        """Not a per-layer Llama-family run (hybrid MoE, or any family registered without per_layer): compare leaves out
+        what needs one (the probe, engine measurement, Puzzletron and the naive baselines)."""
+        return not family(self.family).per_layer
 
 
 def pick_trial(trials: pd.DataFrame, trial: str | None, run_dir: Path) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import torch
 
 from autocompress.arch.masking import Ranking
 from autocompress.arch.space import Architecture
-from autocompress.config.families import HYBRID_MOE, LLAMA
+from autocompress.config.families import LLAMA, family
 from autocompress.config.metrics import Constraint
 from autocompress.cost import CostModel
 
@@ -214,14 +214,10 @@ def greedy_pick(ctx: PickContext, settings: NaiveSpec) -> Pick:
 
 
 def minitron_pick(ctx: PickContext, settings: Any) -> Pick:
-    """ModelOpt's mcore_minitron: homogeneous, Llama (autocompress.baselines.minitron) or hybrid MoE (minitron_moe)."""
-    if ctx.family == HYBRID_MOE:
-        from autocompress.baselines import minitron_moe
-
-        return minitron_moe.pick(ctx, settings)
-    from autocompress.baselines import minitron
-
-    return minitron.pick(ctx, settings)
+    """ModelOpt's mcore_minitron as the run's model family prunes it (its `minitron` stage, config/families.py: Llama
+    autocompress.baselines.minitron, hybrid MoE autocompress.baselines.minitron_moe)."""
+    pick: Pick = family(ctx.family).stage("minitron")(ctx, settings)
+    return pick
 
 
 def minitron_key() -> dict[str, Any]:

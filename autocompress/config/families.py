@@ -10,7 +10,11 @@ bottom of the house, imports none of them):
   teacher outputs); returns what `trainable` takes;
 - `trainable(spec, prepared)`: the Ray Tune trainable of one trial (`tune.with_parameters(...)`);
 - `export(req, row, run)`: write trial `row` of the checked run folder `run` to `req.out` (an ExportRequest);
-- `compare(job, run, spec, row)`: compare's Context (model, space, cost model, constraints, text) for that trial.
+- `compare(job, run, spec, row)`: compare's Context (model, space, cost model, constraints, text) for that trial;
+- `minitron(ctx, settings)`: NVIDIA ModelOpt's Minitron pick for this family (a PickContext, a MinitronSpec).
+
+`per_layer`: the family's trials are Llama-family shapes with per-layer block configs. compare gives only such runs
+what needs them: the teacher's hidden states for the probe, engine measurement, Puzzletron and the naive baselines.
 
 A stage a family does not have is refused with its `help` line. Adding a family: one module holding its stages,
 one `register(Family(...))` here (docs/hybrid.md, "Adding a model family").
@@ -30,7 +34,7 @@ HYBRID_MOE = "granitemoehybrid"  # hybrid Mamba-2 / attention / MoE (GraniteMoeH
 NEMOTRON_H = "nemotron_h"  # hybrid Mamba-2 / attention / MoE (Nemotron-H, Nemotron 3 Super): planned from its config
 DECILM = "nemotron-nas"  # what a heterogeneous Llama export is (DeciLM / NemotronNAS block_configs)
 
-STAGES = ("shape", "prepare", "trainable", "export", "compare")
+STAGES = ("shape", "prepare", "trainable", "export", "compare", "minitron")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +93,7 @@ register(
             "trainable": "autocompress.search.tune:llama_trainable",
             "export": "autocompress.checkpoints.pipeline:export_llama",
             "compare": "autocompress.baselines.context:llama_context",
+            "minitron": "autocompress.baselines.minitron:pick",
         },
         per_layer=True,
     )
@@ -102,6 +107,7 @@ register(
             "trainable": "autocompress.search.moe:moe_trainable",
             "export": "autocompress.checkpoints.moe_export:export_trial",
             "compare": "autocompress.baselines.context:hybrid_context",
+            "minitron": "autocompress.baselines.minitron_moe:pick",
         },
         help="GraniteMoeHybrid models: sweep, export and compare take them; distill / evaluate as a checkpoint folder",
     )
