@@ -23,8 +23,7 @@ from pathlib import Path
 
 from autocompress.config.build import build
 from autocompress.config.schema import ModelSpec
-from autocompress.errors import ConfigError
-from autocompress.quality.evaluation import EvalSpec, corpus_path, evaluate_lm_eval, evaluate_model, table, write_result
+from autocompress.quality.evaluation import EVAL_MARKER, EvalSpec, corpus_path, evaluate_lm_eval, evaluate_model, table, write_result
 
 # --------------------------------------------------------------------------- entry point
 
@@ -52,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _evaluate_command(args: list[str]) -> None:
     from autocompress.config.cliargs import UsageError, parse
-    from autocompress.io import check_writable
+    from autocompress.io import check_output
     from autocompress.model.checkpoint import load_checkpoint
 
     cmd = parse(args, "evaluate", EvalSpec, options=("out", "overwrite"))
@@ -67,9 +66,7 @@ def _evaluate_command(args: list[str]) -> None:
     if overwrite not in ("true", "false"):
         raise UsageError(f"overwrite={overwrite}: expected true or false")
     out = Path(cmd.options.get("out") or Path(cmd.config["results"]["dir"]) / "evaluate" / Path(target).name)
-    check_writable(out, "out")  # before the evaluation, not after it
-    if overwrite == "false" and any((out / name).exists() for name in ("eval.json", "scores.parquet", "items.parquet")):
-        raise ConfigError(f"out={out} already holds an evaluation; choose another out=DIR, or add overwrite=true to replace it")
+    check_output(out, overwrite == "true", marker=EVAL_MARKER, what="an evaluation")  # before the evaluation, not after it
     if spec.source != "lm-eval":
         corpus_path(spec)  # a missing, empty or binary corpus is refused before the model loads, not after the benchmarks
     if spec.source == "lm-eval":

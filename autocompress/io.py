@@ -99,9 +99,11 @@ def check_output(
     if not out.exists():
         check_writable(out, key.split("=")[0])
         return
+    ours = out.is_dir() and ((out / marker).exists() or not any(out.iterdir()))
     if not overwrite:
-        raise ConfigError(f"{out} already exists; choose another {key}, or add {flag} to replace it")
-    if not out.is_dir() or not ((out / marker).exists() or not any(out.iterdir())):
+        fix = f"choose another {key}, or add {flag} to replace it" if ours else f"it is not {what} (no {marker}): choose another {key}"
+        raise ConfigError(f"{out} already exists; {fix}")
+    if not ours:
         raise ConfigError(f"{out} is not {what} (no {marker}); {flag} replaces only those: choose another {key}")
     check_writable(out.parent, key.split("=")[0])  # the new output is staged beside it, then renamed
 

@@ -37,7 +37,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {"evaluate": _evaluate, "expor
 
 ROWS = [
     ("evaluate", ["base", "out="], "out= is empty"),
-    ("evaluate", ["base", "out={tmp}/done"], "already holds an evaluation"),
+    ("evaluate", ["base", "out={tmp}/done"], "done already exists; choose another out=DIR, or add overwrite=true"),
     ("evaluate", ["base", "out={tmp}/new", "overwrite=maybe"], "overwrite=maybe: expected true or false"),
     ("evaluate", ["base", "out={tmp}/new", "evaluate.exclude=[500]"], "evaluate.exclude[0] must be a string"),
     ("evaluate", ["base", "out={tmp}/new", "evaluate.exclude=[abc]"], "not LIMIT:SEED"),
@@ -371,7 +371,13 @@ OUTPUT_ROWS = [
     ("export", ["{run}/pareto.parquet", "index=0", "out={tmp}/mine", "overwrite=true"], "is not an exported checkpoint (no config.json)"),
     ("distill", ["{tmp}/old", "out={tmp}/old"], "already exists; choose another out=DIR, " + AGAIN),
     ("distill", ["{tmp}/old", "out={tmp}/mine", "overwrite=true"], "is not a checkpoint (no config.json); overwrite=true replaces"),
-    ("evaluate", ["base", "out={tmp}/evaluated"], "already holds an evaluation; choose another out=DIR, " + AGAIN),
+    ("evaluate", ["base", "out={tmp}/evaluated"], "already exists; choose another out=DIR, " + AGAIN),
+    # a folder of the user's own files is never an output: refused as such, and overwrite=true does not delete it
+    # (evaluate used to replace any out= folder that held no evaluation, files and all)
+    ("evaluate", ["base", "out={tmp}/mine"], "already exists; it is not an evaluation (no eval.json): choose another out=DIR"),
+    ("evaluate", ["base", "out={tmp}/mine", "overwrite=true"], "is not an evaluation (no eval.json); overwrite=true replaces only"),
+    ("export", ["{run}/pareto.parquet", "index=0", "out={tmp}/mine"], "it is not an exported checkpoint (no config.json): choose another"),
+    ("distill", ["{tmp}/old", "out={tmp}/mine"], "it is not a checkpoint (no config.json): choose another out=DIR"),
     ("report", ["{run}"], "already exists; choose another --out, or add --overwrite to replace it"),
     ("report", ["{run}", "--out", "{tmp}/mine", "--overwrite"], "is not a report (no report.md); --overwrite replaces only those"),
     ("verify", ["{run}"], "measured.parquet already holds rows of t0; choose another out=DIR, or add overwrite=true"),

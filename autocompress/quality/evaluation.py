@@ -5,9 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import random
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from autocompress.errors import ConfigError
+from autocompress.io import staged
 from autocompress.quality.loglik import Group, encode_item, loglikelihoods
 from autocompress.quality.tasks import (
     DEFAULT_CORPUS,
@@ -297,20 +296,17 @@ def evaluate_lm_eval(path: str, spec: EvalSpec) -> EvalResult:
 # --------------------------------------------------------------------------- files and tables
 
 
+EVAL_MARKER = "eval.json"  # what makes a folder an evaluation (the only kind write_result replaces)
+
+
 def write_result(result: EvalResult, out: Path) -> Path:
-    """items.parquet, scores.parquet, eval.json in `out`, which appears whole (temp folder, then rename)."""
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    """items.parquet, scores.parquet, eval.json in `out`, which appears whole (temp folder, then rename); an earlier
+    evaluation there is replaced, a folder of anything else refused (callers check first: evaluate's out=, overwrite=)."""
+    with staged(out, overwrite=True, marker=EVAL_MARKER, what="an evaluation") as tmp:
+        tmp.mkdir(parents=True)
         result.items.to_parquet(tmp / "items.parquet", index=False)
         result.scores.to_parquet(tmp / "scores.parquet", index=False)
-        (tmp / "eval.json").write_text(json.dumps(result.meta, indent=2, default=str) + "\n", encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / EVAL_MARKER).write_text(json.dumps(result.meta, indent=2, default=str) + "\n", encoding="utf-8")
     return out
 
 
