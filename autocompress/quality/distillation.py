@@ -7,7 +7,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from tqdm.auto import tqdm
 
 from autocompress.config.schema import DataSpec
 from autocompress.errors import ConfigError
-from autocompress.io import atomic_write, check_output
+from autocompress.io import atomic_write, check_output, staged
 from autocompress.io import log as log_line
 from autocompress.model.data import load_token_data
 from autocompress.quality.tasks import evaluation_paths
@@ -236,21 +235,15 @@ def _load_state(work: Path, expected: dict[str, Any], discard_stale: bool = Fals
 
 
 def _finish(student: Any, student_dir: Path, out: Path, summary: dict[str, Any], log: list[dict[str, float]]) -> None:
-    """Write the distilled checkpoint to `out` whole: weights and config, the source's other files, the log."""
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    """Write the distilled checkpoint to `out` whole: weights and config, the source's other files, the log (an earlier
+    checkpoint there is replaced: distill() checked `out` before training)."""
+    with staged(out, overwrite=True, what="a checkpoint") as tmp:
         student.save_pretrained(tmp)
         for f in student_dir.iterdir():
             if f.is_file() and f.name not in WEIGHT_FILES and not (tmp / f.name).exists():
                 shutil.copyfile(f, tmp / f.name)  # tokenizer, DeciLM code, generation config, model card
         _write_log(tmp / "distill_log.csv", log)
         (tmp / "distill.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def distill(
