@@ -293,3 +293,17 @@ def test_the_doc_documents_no_key_that_does_not_exist() -> None:
     keys = documented_keys()
     extra = [k for k in doc_rows() if k not in keys and not k.startswith("sweep.definition.")]
     assert not extra, f"{DOC} documents keys no config has: {extra}"
+
+
+def test_help_config_lists_every_documented_key(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--help-config [PREFIX]`: the documented rows from the command line; every key of the composed config is among
+    them, and a prefix nothing starts with is one error line, exit 2."""
+    from autocompress.config.cliargs import _help_config, help_config
+
+    listed = {line.split(" = ", 1)[0] for line in help_config().splitlines() if " = " in line and not line.startswith(" ")}
+    assert set(documented_keys()) <= listed
+    assert help_config("search.steps").startswith("search.steps = 96  ([1, 1000000])")
+    assert _help_config(["+scenario=x", "--help-config", "sweep.num"]) and "sweep.num_trials = 8" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        _help_config(["--help-config", "nope"])
+    assert exc.value.code == 2 and capsys.readouterr().err.startswith("error: no setting starts with 'nope'")

@@ -6,6 +6,7 @@ import dataclasses
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from autocompress.errors import AutoCompressError, ConfigError
@@ -90,10 +91,44 @@ class _HeldStderr:
         return getattr(self.real, name)
 
 
+CONFIG_DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+
+
+def help_config(prefix: str = "") -> str:
+    """`--help-config [PREFIX]`: every documented setting whose key starts with PREFIX (docs/configuration.md's rows:
+    key, default, range or choices, what it does). ConfigError when none does."""
+    if not CONFIG_DOC.exists():  # a wheel install carries the code, not the docs
+        raise ConfigError("docs/configuration.md is not installed here; read it in the project's repository")
+    rows = []
+    for line in CONFIG_DOC.read_text().splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) >= 4 and cells[0].startswith(prefix):
+            rows.append(f"{cells[0]} = {cells[1]}  ({cells[2]})\n    {' | '.join(cells[3:])}")
+    if not rows:
+        raise ConfigError(f"no setting starts with {prefix!r}; --help-config alone lists them all (docs/configuration.md)")
+    return "\n".join(rows)
+
+
+def _help_config(argv: list[str]) -> bool:
+    """Print the settings for `--help-config [PREFIX]` and return True; False when argv does not ask for them."""
+    if "--help-config" not in argv:
+        return False
+    rest = argv[argv.index("--help-config") + 1 :]
+    try:
+        print(help_config(rest[0] if rest and not rest[0].startswith("-") else ""))
+    except AutoCompressError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return True
+
+
 def hydra_entry(main: Callable[[], None]) -> None:
     """Run a @hydra.main entry point so that Hydra's own errors (unknown key, bad group option, malformed
     override: all before the task runs) end as one `error:` line naming the value and the nearest valid choices, exit 2
-    like every other bad input; a crash inside the task keeps exit 1 and its traceback."""
+    like every other bad input; a crash inside the task keeps exit 1 and its traceback. `--help-config [PREFIX]` lists
+    the documented settings instead (Hydra's own --help lists the config groups)."""
+    if _help_config(sys.argv[1:]):
+        return
     real = sys.stderr
     held = _HeldStderr(real)
     sys.stderr = held
