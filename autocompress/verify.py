@@ -31,7 +31,7 @@ from autocompress.cluster import init_ray
 from autocompress.config.cliargs import guarded
 from autocompress.config.metrics import TIMED, Constraint
 from autocompress.config.schema import RunSpec
-from autocompress.cost.engine import measure_many, measured_metrics, measured_spreads, require_vllm, settings_for
+from autocompress.cost.engine import check_devices, measure_many, measured_metrics, measured_spreads, require_vllm, settings_for
 from autocompress.errors import ConfigError
 from autocompress.io import RUN_PARETO, RUN_VERIFY, check_writable, log, write_parquet
 from autocompress.model.base import load_base_model
@@ -137,8 +137,9 @@ def verify(path: Path, out: Path | None = None, overwrite: bool = False) -> pd.D
     require_vllm(hw.engine)
     settings = settings_for(spec.profile, hw, [wl])
     constraints = _constraints(run.metadata)
-    base_config = load_base_model(spec.model).model.config.to_dict()
     init_ray(spec.sweep.ray_address)
+    check_devices(settings)  # a GPU scenario on a cluster without a GPU: refused before the model loads
+    base_config = load_base_model(spec.model).model.config.to_dict()
     trials_of: dict[Architecture, list[str]] = {}
     for tid, text in zip(table["trial_id"], table["architecture"], strict=True):
         trials_of.setdefault(Architecture.from_json(text), []).append(str(tid))

@@ -57,10 +57,10 @@ def test_report_and_export_lines_run_as_written(
     """README's and the docs' report / export commands, on a copy of the tiny run (its path for the example's)."""
     import shutil
 
-    run = shutil.copytree(tiny_sweep[0], tmp_path / "run", ignore=shutil.ignore_patterns("report"))  # as the sweep left it
-    args = shlex.split(RUN_PATH.sub(str(run), line))[1:]  # `-m autocompress.X ...`, from the folder the doc's paths are in
-    work = tmp_path / "cwd"
-    work.mkdir()
+    work = tmp_path / "cwd"  # the doc's relative paths, as written, from a folder that holds such a run
+    example = "results/h100_batched/20261130-002001"
+    run = shutil.copytree(tiny_sweep[0], work / example, ignore=shutil.ignore_patterns("report"))  # as the sweep left it
+    args = shlex.split(RUN_PATH.sub(example, line))[1:]  # `-m autocompress.X ...`
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, *args], cwd=work, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, f"{name}: {line}\n{out.stderr[-3000:]}"

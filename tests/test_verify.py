@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -89,3 +90,21 @@ def test_verify_writes_measured_columns(tmp_path: Path) -> None:
     trials = load_trials(pareto_path.parent)
     assert "measured_ttft_ms" in trials and "measured feasible:" in out.stdout
     assert (pareto_path.parent / "verify" / "measured.parquet").exists() and "the sweep's tables are unchanged" in out.stdout
+
+
+def test_a_gpu_engine_on_a_cluster_without_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify (or profile) of a GPU scenario where Ray has no GPU: one line naming the two ways on, not actors that wait
+    for a device forever (an h100_batched run verified on this CPU machine used to hang in ray.wait)."""
+    import ray
+
+    from autocompress.cost.engine import check_devices
+    from autocompress.cost.engine_settings import EngineSettings
+    from autocompress.errors import ConfigError
+
+    gpu = EngineSettings("vllm", "bf16", 2048, 8, 2048, 1.0)
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": {"CPU": 2.0}}, {"Alive": False, "Resources": {"GPU": 8.0}}])
+    with pytest.raises(ConfigError, match=r"serves this hardware on a GPU and the Ray cluster has none: .*verify\.source=aiconfigurator"):
+        check_devices(gpu)
+    assert check_devices(dataclasses.replace(gpu, engine="vllm-cpu")) == 1  # one engine per CPU node
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": {"CPU": 16.0, "GPU": 2.0}}])
+    assert check_devices(gpu) == 2  # one engine per GPU

@@ -34,6 +34,7 @@ from autocompress.cost.engine_settings import (  # noqa: F401  (re-exported: the
     settings_dict,
     settings_for,
 )
+from autocompress.errors import ConfigError
 
 # metric (the predicted column's name) -> the field of an engine row that measures it, and the field of its spread
 ENGINE_FIELDS = {
@@ -82,14 +83,21 @@ def make_actor_class(settings: EngineSettings) -> Any:
     return EngineActor
 
 
-def _device_slots(settings: EngineSettings) -> int:
-    """How many engines run at once: one per GPU, or one per CPU node."""
+def check_devices(settings: EngineSettings) -> int:
+    """How many engines run at once: one per GPU, or one per CPU node; a GPU engine on a cluster without a GPU is
+    refused (its actors would wait for one forever)."""
     import ray
 
     alive = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     if settings.engine == "vllm-cpu":
         return max(1, len(alive))
-    return max(1, int(sum(r.get("GPU", 0) for r in alive)))
+    gpus = int(sum(r.get("GPU", 0) for r in alive))
+    if gpus == 0:
+        raise ConfigError(
+            f"the engine ({settings.engine}) serves this hardware on a GPU and the Ray cluster has none: run where that GPU "
+            "is (ray.address=HOST:PORT of a cluster with it), or estimate it: verify.source=aiconfigurator / profile.source=aiconfigurator"
+        )
+    return gpus
 
 
 def _node_cpus() -> int:
@@ -113,9 +121,9 @@ def measure_many(
     """
     import ray
 
+    slots = check_devices(settings)  # before any actor asks for a device the cluster does not have
     cls = make_actor_class(settings)
     queue, pending = list(archs), dict[Any, tuple[Architecture, Any, float]]()
-    slots = _device_slots(settings)
 
     def submit() -> None:
         while queue and len(pending) < slots:

@@ -67,7 +67,7 @@ def check_run_folder(
     needed = ("trial_id", "status", "architecture") if status == "resumable" else NEEDED_COLUMNS
     read = {}
     for name in tables:
-        path = run / name
+        path = run / Path(name).name  # a table given by its path is one of this folder's (a relative path is not joined twice)
         if status == "resumable" and not path.exists():
             continue
         read[path.name] = check_table(path, front=fronts and path.name == RUN_PARETO, needed=needed)
