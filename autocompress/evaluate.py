@@ -32,7 +32,7 @@ usage: python -m autocompress.evaluate MODEL [out=DIR] [overwrite=true] [limit=N
 
   MODEL           a checkpoint folder (export, distilled model, any Llama-family model) or `base` (the configured model=...)
   out=DIR         write items.parquet, scores.parquet, eval.json there (default: results/evaluate/<MODEL name>)
-  overwrite=true  replace an evaluation already in out= (refused otherwise)
+  overwrite=true  replace an earlier evaluation in out= (an existing out= is refused otherwise; never a folder of other files)
   limit=N         a fixed-seed subset of N items per benchmark (seed=S); 0 = all
   tasks=a,b       some of: hellaswag piqa arc_easy arc_challenge winogrande openbookqa sciq_closedbook sciq lambada_openai
                   (default: all but sciq from local files, all but sciq_closedbook otherwise; sciq_closedbook is
