@@ -238,6 +238,20 @@ def measure_costs(job: CompareJob, ctx: Context, models: list[Model], out: Path,
     return f"measured in {hw.engine} ({wl.name}, medians of 3 waves; memory = peak resident on a CPU, the device footprint on a GPU)"
 
 
+def check_measurable(job: CompareJob, ctx: Context) -> None:
+    """compare.measure=always: the engine and a device for it are checked before the work, not after hours of it."""
+    if job.compare.measure != "always" or ctx.hybrid:
+        return
+    from autocompress.cluster import init_ray
+    from autocompress.cost.engine import check_devices, require_vllm, settings_for
+
+    hw, wl = ctx.spec.scenario.hardware, ctx.spec.scenario.workload
+    require_vllm(hw.engine)
+    if hw.engine != "vllm-cpu":  # a CPU engine runs on any node; a GPU engine needs a GPU in the cluster
+        init_ray(ctx.spec.sweep.ray_address)
+        check_devices(settings_for(ctx.spec.profile, hw, [wl], repeats=3, warmup=1))
+
+
 def _measure(ctx: Context, models: list[Model], path: Path) -> None:
     from autocompress.cluster import init_ray
     from autocompress.cost.engine import measure_many, measured_metrics, require_vllm, settings_for
@@ -397,6 +411,7 @@ def run_compare(job: CompareJob, config_yaml: str = "", overwrite: bool = False)
     check_compare_out(out, overwrite)
     start = time.time()
     ctx = build_context(job, run_dir)  # refusals (scenario, trial, cost model) come before the output folder exists
+    check_measurable(job, ctx)
     stages = open_compare_out(out)  # overwrite=true: unfinished from here on
     probe = job.compare.probe.resolved(ctx.hybrid)  # the default: on for a Llama-family run, off for a hybrid-MoE one
     methods = job.compare.resolved_methods(ctx.hybrid)

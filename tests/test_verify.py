@@ -108,3 +108,28 @@ def test_a_gpu_engine_on_a_cluster_without_a_gpu_is_refused(monkeypatch: pytest.
     assert check_devices(dataclasses.replace(gpu, engine="vllm-cpu")) == 1  # one engine per CPU node
     monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": {"CPU": 16.0, "GPU": 2.0}}])
     assert check_devices(gpu) == 2  # one engine per GPU
+
+
+def test_compare_measure_always_checks_the_device_before_the_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compare.measure=always on a GPU scenario where Ray has no GPU: refused when compare starts (it used to come after
+    the distillations, and then wait for a GPU forever); auto and never start nothing."""
+    import types
+
+    import ray
+
+    from autocompress import cluster
+    from autocompress.baselines.comparison import job_from_dict
+    from autocompress.compare import check_measurable
+    from autocompress.config.compose import compose_dict
+    from autocompress.errors import ConfigError
+
+    monkeypatch.setattr(cluster, "init_ray", lambda address=None: None)
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": {"CPU": 2.0}}])
+    for measure, refused in (("always", True), ("auto", False), ("never", False)):
+        job = job_from_dict(compose_dict("+scenario=h100_batched", f"compare.measure={measure}"))
+        ctx = types.SimpleNamespace(spec=job.spec, hybrid=False)
+        if refused:
+            with pytest.raises(ConfigError, match="serves this hardware on a GPU and the Ray cluster has none"):
+                check_measurable(job, ctx)  # type: ignore[arg-type]
+        else:
+            check_measurable(job, ctx)  # type: ignore[arg-type]
