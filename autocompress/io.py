@@ -10,13 +10,14 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from autocompress.errors import ConfigError
 
 if TYPE_CHECKING:
     import pandas as pd
 
+T = TypeVar("T")
 
 # A sweep's run folder, results/<scenario>/<run_id>/: every module names its files through these.
 RUN_CONFIG = "config.yaml"  # the composed config the sweep ran with
@@ -62,6 +63,26 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def write_dir(out: Path, fill: Callable[[Path], T], first_wins: bool = False) -> T:
+    """`fill(tmp)` into a temporary folder beside `out`, then one rename: `out` appears whole or not at all (the folder
+    counterpart of atomic_write). `first_wins`: `out` is a cache another process may build at the same time; if it got
+    there first, its folder is kept and this one dropped. Otherwise `out` must be absent or an empty folder."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        result = fill(tmp)
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            if not (first_wins and out.is_dir()):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
 
 
 def write_parquet(df: pd.DataFrame, path: Path) -> Path:

@@ -42,7 +42,7 @@ from autocompress.config.schema import DataSpec, Scenario
 from autocompress.cost.hybrid import HybridCost, evaluate, hardware_terms
 from autocompress.errors import ConfigError, InfeasibleError
 from autocompress.io import check_output, log, markdown, staged, write_json, write_parquet, write_text
-from autocompress.search.runfolder import git_sha
+from autocompress.results.runfolder import git_sha
 
 if TYPE_CHECKING:
     from autocompress.search.nemotron_h import SingleChanges

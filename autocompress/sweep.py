@@ -24,7 +24,7 @@ from autocompress.config.cliargs import task as hydra_task
 from autocompress.config.compose import plain
 from autocompress.errors import ConfigError
 from autocompress.io import RUN_CONFIG, RUN_METADATA, log
-from autocompress.search.runfolder import RunFolder, resume_target
+from autocompress.results.runfolder import RunFolder, resume_target
 from autocompress.search.tune import preflight, run_sweep
 
 

@@ -27,8 +27,8 @@ import common  # noqa: F401  (checks that the autocompress imported is this tree
 import pandas as pd
 
 from autocompress.config import cpuinfo
+from autocompress.results.runfolder import git_sha
 from autocompress.search.differentiable import SEARCH_PHASES
-from autocompress.search.runfolder import git_sha
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -213,6 +213,27 @@ def test_unwritable_outputs_are_refused_before_any_work(tmp_path: Path) -> None:
         assert time.time() - start < 60  # refused before any model or evaluation ran
 
 
+def test_folders_appear_whole_or_not_at_all(tmp_path: Path) -> None:
+    """io.write_dir: a failed fill leaves neither the folder nor its temporary; a cache folder another process finished
+    first is kept (first_wins), while an output folder that is not empty is never merged into."""
+    from autocompress.io import write_dir
+
+    def fail(tmp: Path) -> None:
+        (tmp / "half").write_text("x")
+        raise RuntimeError("died half-way")
+
+    with pytest.raises(RuntimeError):
+        write_dir(tmp_path / "out", fail)
+    assert list(tmp_path.iterdir()) == []
+    assert write_dir(tmp_path / "out", lambda tmp: (tmp / "a").write_text("1")) == 1
+    cache = tmp_path / "out"  # now a finished folder, as if another process had built it first
+    assert write_dir(cache, lambda tmp: (tmp / "b").write_text("22"), first_wins=True) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and [p.name for p in cache.iterdir()] == ["a"]
+    with pytest.raises(OSError):
+        write_dir(cache, lambda tmp: (tmp / "b").write_text("22"))
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and [p.name for p in cache.iterdir()] == ["a"]
+
+
 def test_fit_without_measurements_is_one_clear_line(tmp_path: Path) -> None:
     """profile.measure=false before anything was measured: the measurements file and the fix, not a KeyError."""
     out = run_cli("autocompress.profile", "+scenario=cpu_interactive", "profile.measure=false", f"results.dir={tmp_path}", timeout=120)

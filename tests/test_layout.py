@@ -141,3 +141,13 @@ def test_benchmarks_import_no_command_and_no_other_benchmark() -> None:
                 assert parts[:1] != ["autocompress"] or parts[1:2] == [] or parts[1] not in COMMANDS, (
                     f"{path.name} imports the command {name}"
                 )
+
+
+def test_folders_and_files_are_replaced_in_one_place() -> None:
+    """Every write-then-rename goes through io.py (atomic_write, write_dir, staged); results/runfolder.py alone moves a
+    run folder aside and back (sweep overwrite=true). A new hand-written rename is a second home for that fact."""
+    homes = {PKG / "io.py", PKG / "results" / "runfolder.py"}
+    others = sorted(
+        str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if p not in homes and re.search(r"\bos\.(replace|rename)\(", p.read_text())
+    )
+    assert not others, f"rename outside io.py: {others}; use io.atomic_write, io.write_dir or io.staged"

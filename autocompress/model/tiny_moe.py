@@ -19,8 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -31,6 +29,7 @@ import torch
 
 from autocompress.config.schema import DataSpec
 from autocompress.errors import ConfigError
+from autocompress.io import write_dir
 
 
 @dataclass(frozen=True)
@@ -278,14 +277,5 @@ def tiny_hybrid_moe(data: DataSpec, recipe: Recipe | None = None, progress: bool
     if (out / "training.json").exists():
         return TrainedTiny(out, json.loads((out / "training.json").read_text()))
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        log = train_tiny(recipe, data, tokenizer, tmp, progress=progress)
-        try:
-            os.replace(tmp, out)
-        except OSError:  # another process finished first
-            shutil.rmtree(tmp, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    log = write_dir(out, lambda tmp: train_tiny(recipe, data, tokenizer, tmp, progress=progress), first_wins=True)
     return TrainedTiny(out, log)

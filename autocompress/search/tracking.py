@@ -13,7 +13,7 @@ from typing import Any
 from autocompress.cluster import PendingWatch
 from autocompress.config.schema import RunSpec
 from autocompress.errors import ConfigError
-from autocompress.search.runfolder import RunFolder
+from autocompress.results.runfolder import RunFolder
 
 CURVE = "search_"  # prefix of a trial's step reports (its final row has none): `search_step`, `search_kl`, ...
 

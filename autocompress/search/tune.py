@@ -32,10 +32,10 @@ from autocompress.errors import AutoCompressError, ConfigError
 from autocompress.io import RUN_CONFIG, RUN_PARETO, RUN_TRIALS, log, write_parquet, write_text
 from autocompress.model.base import check_model_spec, model_family
 from autocompress.results.pareto import COST_DIRECTIONS, QUALITY, pareto_frame
+from autocompress.results.runfolder import OPTUNA_JOURNAL, RunFolder, check_resumable, driver_info, git_sha, new_run_dir, put_back
 from autocompress.results.store import architecture_columns, feasibility_columns, trials_frame
 from autocompress.search.differentiable import SEARCH_PHASES, SearchInputs, SearchResult
 from autocompress.search.prepare import Prepared, PreparedRun
-from autocompress.search.runfolder import OPTUNA_JOURNAL, RunFolder, check_resumable, driver_info, git_sha, new_run_dir
 from autocompress.search.tracking import CURVE, check_trackers, last_error, stopper, trackers, watcher
 
 
@@ -360,7 +360,7 @@ def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None, o
             if not (run.path / RUN_CONFIG).exists():  # claimed, never started: a corrected rerun may take the id
                 shutil.rmtree(run.path, ignore_errors=True)
                 if aside is not None:  # overwrite=true: the earlier run comes back
-                    os.replace(aside, run.path)
+                    put_back(aside, run.path)
                 with contextlib.suppress(OSError):  # <results.dir>/<scenario>/ too, when this run was all it held
                     run.path.parent.rmdir()
             raise

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import torch
 
 from autocompress.arch.space import Architecture
 from autocompress.errors import ConfigError
+from autocompress.io import write_dir
 
 HERE = Path(__file__).resolve().parent
 CODE_FILES = ("configuration_decilm.py", "modeling_decilm.py")
@@ -128,11 +128,8 @@ def write_checkpoint(arch: Architecture, out_dir: Path, base_config: Any, state_
     if state_dict is not None:
         check_state_dict(arch, state_dict)
         config.dtype = next(iter(state_dict.values())).dtype
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir()
+
+    def fill(tmp: Path) -> None:
         config.save_pretrained(tmp)
         for name in CODE_FILES:
             shutil.copyfile(HERE / name, tmp / name)
@@ -140,9 +137,8 @@ def write_checkpoint(arch: Architecture, out_dir: Path, base_config: Any, state_
             from safetensors.torch import save_file
 
             save_file({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, str(tmp / "model.safetensors"), {"format": "pt"})
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    write_dir(out_dir, fill)
     return out_dir
 
 

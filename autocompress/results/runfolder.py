@@ -129,7 +129,7 @@ def git_sha() -> str | None:
 
 def new_run_dir(spec: RunSpec, overwrite: bool = False) -> tuple[Path, Path | None]:
     """(the new run's folder, claimed; the earlier run of that id set aside by overwrite=true, or None). The caller
-    deletes the set-aside folder once the new run has started, and puts it back (os.replace) if it does not."""
+    deletes the set-aside folder once the new run has started, and puts it back (put_back) if it does not."""
     run_id = spec.run_id or dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(spec.results_dir).resolve() / spec.scenario.name / run_id
     aside = None
@@ -150,7 +150,7 @@ def new_run_dir(spec: RunSpec, overwrite: bool = False) -> tuple[Path, Path | No
         ) from None
     except OSError as exc:
         if aside is not None:
-            os.replace(aside, run_dir)
+            put_back(aside, run_dir)
         raise ConfigError(
             f"results.dir={spec.results_dir}: cannot create {run_dir} ({exc.strerror or exc}); choose a folder you can write"
         ) from exc
@@ -173,6 +173,11 @@ def set_aside(run_dir: Path, spec: RunSpec) -> Path:
     os.replace(run_dir, aside)
     log(f"overwrite=true: replacing {run_dir} (deleted once the new run has started)")
     return aside
+
+
+def put_back(aside: Path, run_dir: Path) -> None:
+    """The earlier run that set_aside moved, back in its place: the new run never started."""
+    os.replace(aside, run_dir)
 
 
 def _metadata(run_dir: Path) -> dict[str, Any]:
