@@ -352,11 +352,31 @@ def test_the_card_loads_a_decilm_tokenizer_without_a_prompt(tmp_path: Path) -> N
     row = {"trial_id": "t0", "status": "ok"}
     for fmt, saved, line in (
         ("decilm", True, 'tokenizer = AutoTokenizer.from_pretrained("m", trust_remote_code=True)'),
+        ("decilm", True, '# or, without running this folder\'s code: PreTrainedTokenizerFast.from_pretrained("m")'),
         ("llama", True, 'tokenizer = AutoTokenizer.from_pretrained("m")'),
         ("decilm", False, None),
     ):
         card = _provenance(Exported(tmp_path / "m", fmt, GOOD, GOOD, row, {}, spec, tmp_path / "run", saved, None))
         assert (line in card) if line else not any("AutoTokenizer" in x for x in card), card
+
+
+def test_a_decilm_folders_tokenizer_loads_without_its_code(tiny_model: Any, tiny_space: SearchSpace, tmp_path: Path) -> None:
+    """The card's second tokenizer line: PreTrainedTokenizerFast reads tokenizer.json alone, so a DeciLM export's
+    tokenizer loads without trust_remote_code and without the prompt AutoTokenizer stops at (stdin closed here)."""
+    import subprocess
+    import sys
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    out = write_checkpoint(hetero(tiny_space, 48, Block(1, 64), Block(0, 96), Block(2, 0)), tmp_path / "ck", tiny_model.config)
+    raw = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]").save_pretrained(out)
+    code = f"from transformers import PreTrainedTokenizerFast as T; print(T.from_pretrained({str(out)!r})('hello world')['input_ids'])"
+    done = subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[1, 2]", done.stderr[-2000:]
+    assert "custom code" not in done.stderr, done.stderr[-2000:]
 
 
 def test_an_fp8_kv_cache_is_pinned_and_served_in_fp8(tmp_path: Path) -> None:

@@ -251,6 +251,12 @@ def _provenance(e: Exported) -> list[str]:
             # transformers reads config.json to pick the tokenizer class: a DeciLM config without the flag asks on stdin
             [f'tokenizer = AutoTokenizer.from_pretrained("{e.out.name}"{remote})'] if e.tokenizer_saved else []
         ),
+        *(
+            # the tokenizer files alone, no custom code run: transformers' fast tokenizer class reads tokenizer.json only
+            [f'# or, without running this folder\'s code: PreTrainedTokenizerFast.from_pretrained("{e.out.name}")']
+            if e.tokenizer_saved and remote
+            else []
+        ),
         "```",
         "",
         "Serve it with the settings its predicted costs assume (serving.json; the KV cache pinned to what the workload needs):",
