@@ -1,7 +1,7 @@
 """The code in README.md and docs/ runs as written (issue 44): every Python block runs against a real run folder (the
 tiny sweep; its paths put in for the docs' example paths), and every sweep / compare command line in a bash block
-composes and passes the config checks (running them is the benchmarks' job). docs/benchmarks.md is a record of past
-runs and docs/scenarios.md has its own test (tests/test_scenarios_doc.py)."""
+composes and passes the config checks (running them is the benchmarks' job). docs/benchmarks.md and docs/history.md are records of
+past runs and docs/scenarios.md has its own test (tests/test_scenarios_doc.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ import pytest
 
 from .conftest import ROOT, run_cli
 
-DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in ("benchmarks.md", "scenarios.md"))]
+DOCS = [
+    ROOT / "README.md",
+    *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in ("benchmarks.md", "history.md", "scenarios.md")),
+]
 RUN_PATH = re.compile(r"results/h100_batched/(RUN_ID|\d{8}-\d{6})")
 
 
@@ -108,3 +111,34 @@ def test_every_sweep_and_compare_line_composes(name: str, line: str) -> None:
     overrides = [o for o in overrides if not o.startswith(("resume=", "compare.run="))]  # folders of runs made earlier
     data = compose_dict(*overrides)
     run_spec_from_dict(data) if command == "sweep" else job_from_dict(data)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, punctuation but - and _ dropped, spaces as -."""
+    return re.sub(r"[^\w\- ]", "", re.sub(r"[`*]", "", heading.strip().lower())).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    found: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#+ (.*)$", re.sub(r"```.*?```", "", path.read_text(), flags=re.S), re.M):
+        slug = _slug(heading)
+        out.add(f"{slug}-{found[slug]}" if slug in found else slug)
+        found[slug] = found.get(slug, 0) + 1
+    return out
+
+
+def test_every_link_in_the_docs_resolves() -> None:
+    """Every relative link in README.md and docs/ names a file that exists and, with #anchor, a heading in it: the docs
+    are split by topic and sections move, so a reader must never land on nothing."""
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", re.sub(r"```.*?```", "", page.read_text(), flags=re.S)):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in _anchors(dest)):
+                broken.append(f"{page.name}: {target}")
+    assert not broken, broken
+    assert _slug("Where `make demo`'s time goes (issue 44)") == "where-make-demos-time-goes-issue-44"
