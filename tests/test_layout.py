@@ -151,3 +151,9 @@ def test_folders_and_files_are_replaced_in_one_place() -> None:
         str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if p not in homes and re.search(r"\bos\.(replace|rename)\(", p.read_text())
     )
     assert not others, f"rename outside io.py: {others}; use io.atomic_write, io.write_dir or io.staged"
+
+
+def test_no_module_is_a_big_room() -> None:
+    """No module over 450 lines (issue 44): past that a module holds several concerns; split it by concern."""
+    big = {str(p.relative_to(PKG)): n for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > 450}
+    assert not big, f"modules over 450 lines: {big}"
