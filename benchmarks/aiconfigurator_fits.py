@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import common  # noqa: F401  (checks that the autocompress imported is this tree's)
+import common  # checks that the autocompress imported is this tree's
 
 ROOT = Path(__file__).resolve().parents[1]
 FITS = ROOT / "autocompress" / "cost" / "fits"
@@ -69,6 +69,7 @@ def main() -> None:
     ap.add_argument("--hardware", nargs="*", default=list(HARDWARE), choices=list(HARDWARE))
     ap.add_argument("--n-random", type=int, default=48)
     args = ap.parse_args()
+    record_run = common.Record()
     summary = {}
     for hw in args.hardware:
         with tempfile.TemporaryDirectory() as tmp:
@@ -76,6 +77,8 @@ def main() -> None:
         summary[hw] = {
             k: record[k] for k in ("source", "derived_from", "n_fit", "n_holdout", "validation", "validation_analytic", "parameters")
         }
+    for hw in summary:  # each hardware's entry says which run made it (the file keeps the other hardware's entries)
+        summary[hw]["_record"] = record_run.as_dict()
     path = OUT / "validation.json"
     old = json.loads(path.read_text()) if path.exists() else {}
     path.write_text(json.dumps({**old, **summary}, indent=2) + "\n")

@@ -5,6 +5,10 @@ installed from another checkout (set PYTHONPATH=<the worktree>)."""
 
 from __future__ import annotations
 
+import datetime as dt
+import os
+import subprocess
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -12,6 +16,7 @@ from typing import Any
 import autocompress
 from autocompress.arch.masking import MaskedModel
 from autocompress.arch.space import Architecture
+from autocompress.config import cpuinfo
 from autocompress.config.schema import LagrangianSettings
 from autocompress.cost import CostModel
 from autocompress.cost.base import meets
@@ -23,6 +28,70 @@ if Path(autocompress.__file__).resolve().parents[1] != TREE:
         f"error: this benchmark is in {TREE} but imports autocompress from {Path(autocompress.__file__).resolve().parent}; "
         f"run it with PYTHONPATH={TREE}"
     )
+
+
+def _cpu_seconds() -> dict[int, float]:
+    """CPU seconds (user + system) of every process now running, by pid (Linux /proc; empty elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            out[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    return out
+
+
+def _own_tree() -> set[int]:
+    """This process and every process below it (a local Ray cluster it started, vLLM engines, pytest workers)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parents.setdefault(ppid, []).append(int(stat.parent.name))
+    tree, todo = set(), [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        tree.add(pid)
+        todo += parents.get(pid, [])
+    return tree
+
+
+class Record:
+    """The conditions of one benchmark run, for its result file (issue 44: every result records its commit, CPU, date
+    and whether the machine was shared). Start it before the work and call `as_dict()` when writing: `shared` is
+    measured, not declared: the CPU seconds that processes outside this run's own process tree used meanwhile, per
+    second of wall time (`others_cores`; a process that started and ended in between is missed), or a `note` naming
+    what ran beside it."""
+
+    def __init__(self, note: str | None = None) -> None:
+        self.note = note
+        self.started = time.time()
+        self.date = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        self.before = _cpu_seconds()
+
+    def as_dict(self) -> dict[str, Any]:
+        wall = max(time.time() - self.started, 1e-9)
+        mine = _own_tree()
+        others = sum(max(t - self.before.get(pid, 0.0), 0.0) for pid, t in _cpu_seconds().items() if pid not in mine)
+        cores = others / wall
+        git = ["git", "-C", str(TREE)]
+        sha = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
+        ident = cpuinfo.identity()
+        return {
+            "commit": sha + ("+uncommitted" if dirty else ""),
+            "cpu": f"{ident['model']} ({ident['simd'] or 'no AVX2 or AVX-512'}, {ident['cores']} cores)",
+            "date": self.date,
+            "wall_s": round(wall, 1),
+            "shared": cores >= 0.1 or bool(self.note),
+            "others_cores": round(cores, 2),
+            "shared_with": self.note,
+        }
+
 
 # the Lagrangian settings search_quality and search_ablation search with
 SETTINGS = [

@@ -27,10 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common  # noqa: F401  (checks that the autocompress imported is this tree's)
+import common  # checks that the autocompress imported is this tree's
 import pandas as pd
-
-from autocompress.config import cpuinfo
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ["rtx5070_coding", "rtx5080_game", "h100_batched", "cpu_interactive"]
@@ -69,7 +67,8 @@ def bench_scenario(name: str, args: argparse.Namespace, log: Path) -> dict[str, 
     for src in (out / "compare.json", out / "compare.md", out / "minitron" / "candidates.parquet"):
         shutil.copy(src, keep / src.name)
     command = " ".join(["python -m autocompress.compare", *compare])
-    (keep / "machine.json").write_text(json.dumps({"cpu": cpuinfo.identity(), "command": command, "seconds": seconds}, indent=2) + "\n")
+    machine = {"command": command, "seconds": seconds, "_record": args.record.as_dict()}
+    (keep / "machine.json").write_text(json.dumps(machine, indent=2) + "\n")
     return {
         "scenario": name,
         "run": str(run_dir),
@@ -103,10 +102,12 @@ def main() -> None:
     out = ROOT / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     log = out.with_suffix(".log")
-    report = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": cpuinfo.identity(), "scenarios": []}
+    args.record = common.Record()
+    report: dict[str, Any] = {"scenarios": []}
     for name in args.scenario or SCENARIOS:
         result = bench_scenario(name, args, log)
         report["scenarios"].append(result)
+        report["_record"] = args.record.as_dict()
         out.write_text(json.dumps(report, indent=2, default=str) + "\n")
         print(f"## {name}\n\n{result['table']}\nseconds: {result['seconds']} (stages: {result['stage_seconds']})\n", flush=True)
     print(f"results: {out}; log: {log}")

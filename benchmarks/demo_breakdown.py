@@ -23,11 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common  # noqa: F401  (checks that the autocompress imported is this tree's)
+import common  # checks that the autocompress imported is this tree's
 import pandas as pd
 
-from autocompress.config import cpuinfo
-from autocompress.results.runfolder import git_sha
 from autocompress.search.differentiable import SEARCH_PHASES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,17 +98,12 @@ def main() -> None:
     parser.add_argument("--run", type=Path, help="a run folder made with the demo's command (default: run the demo now)")
     parser.add_argument("--results-dir", type=Path, default=ROOT / "benchmarks" / "out" / "demo", help="where the demo's run goes")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "demo_breakdown.json")
-    parser.add_argument("--shared", default="no", help="what else ran on the machine meanwhile (recorded)")
+    parser.add_argument("--shared", default=None, help="what else ran on the machine meanwhile (recorded beside the measured share)")
     args = parser.parse_args()
+    record = common.Record(args.shared)
     run, wall = (args.run, None) if args.run else run_demo(args.results_dir.resolve())
     result = breakdown(run, wall)
-    ident = cpuinfo.identity()
-    result |= {
-        "code": (git_sha() or "")[:7],
-        "date": dt.date.today().isoformat(),
-        "cpu": f"{ident['model']}, {ident['simd']}, {ident['cores']} cores",
-        "shared": args.shared,
-    }
+    result["_record"] = record.as_dict()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(markdown(result))

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common  # noqa: F401  (checks that the autocompress imported is this tree's)
+import common  # checks that the autocompress imported is this tree's
 
 ROOT = Path(__file__).resolve().parents[1]
 C4 = ROOT.parent / "shared" / "data" / "corpora" / "c4_sample"
@@ -113,9 +113,8 @@ def main() -> None:
     parser.add_argument("--c4", action="store_true", help=f"calibration, selection and report text from {C4}")
     parser.add_argument("--out", default="benchmarks/out/front_shift.json")
     args = parser.parse_args()
-    from autocompress.config import cpuinfo
-
-    result: dict[str, Any] = {"cpu": cpuinfo.identity(), "command": " ".join(sys.argv), "scenarios": {}}
+    record = common.Record()
+    result: dict[str, Any] = {"command": " ".join(sys.argv), "scenarios": {}}
     for scenario in args.scenario:
         fronts, seconds, runs = {}, {}, {}
         for model in MODELS:
@@ -124,6 +123,7 @@ def main() -> None:
             fronts[model] = judge(run_dir, args.results_dir)
         result["scenarios"][scenario] = {"runs": runs, "sweep_seconds": seconds, "summary": summary(fronts), "fronts": fronts}
         print(json.dumps(result["scenarios"][scenario]["summary"], indent=1), flush=True)
+    result["_record"] = record.as_dict()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1, default=float) + "\n")

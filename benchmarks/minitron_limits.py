@@ -19,7 +19,7 @@ import json
 import time
 from pathlib import Path
 
-import common  # noqa: F401  (checks that the autocompress imported is this tree's)
+import common  # checks that the autocompress imported is this tree's
 
 from autocompress.arch.importance import teacher_hidden
 from autocompress.arch.masking import MaskedModel
@@ -41,6 +41,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="JSON file (default: benchmarks/results/minitron_limits_<scenario>.json)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (data.source=jsonl data.path=...)")
     args = parser.parse_args()
+    record = common.Record()
     run_dir = Path(args.run).resolve()
     scenario = load_run(run_dir).spec.scenario.name  # type: ignore[union-attr]
     job = job_from_dict(compose_dict(f"+scenario={scenario}", f"compare.run={run_dir}", *args.overrides))
@@ -54,7 +55,8 @@ def main() -> None:
     rows: list[dict[str, object]] = []
 
     def save() -> None:  # after every pair: a stopped run keeps what it measured
-        out.write_text(json.dumps({"scenario": scenario, "run": str(run_dir), "overrides": args.overrides, "picks": rows}, indent=2) + "\n")
+        result = {"scenario": scenario, "run": str(run_dir), "overrides": args.overrides, "picks": rows, "_record": record.as_dict()}
+        out.write_text(json.dumps(result, indent=2) + "\n")
 
     for pair in args.limits:
         width, depth = (float(x) for x in pair.split(","))

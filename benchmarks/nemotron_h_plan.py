@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import common  # noqa: F401  (checks that the autocompress imported is this tree's)
+import common  # checks that the autocompress imported is this tree's
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,7 +30,6 @@ C4 = ROOT.parent / "shared" / "data" / "corpora" / "c4_sample"
 def main() -> None:
     import torch
 
-    from autocompress.config import cpuinfo
     from autocompress.config.schema import DataSpec
     from autocompress.model.tiny_moe import TinyNemotronH, tiny_hybrid_moe
 
@@ -41,6 +40,7 @@ def main() -> None:
     parser.add_argument("--results-dir", default="results")
     parser.add_argument("--no-vllm", action="store_true")
     args = parser.parse_args()
+    run_record = common.Record()
     if not C4.is_dir():
         raise SystemExit(f"the C4 sample is not at {C4} (see ../shared/data/PROVENANCE.md)")
     data = DataSpec(source="jsonl", path=str(C4))
@@ -67,7 +67,6 @@ def main() -> None:
     for name in ("plan.md", "metadata.json", "scored.parquet"):
         shutil.copy(out / name, keep / name)
     record = {
-        "cpu": cpuinfo.identity(),
         "command": "python -m autocompress.plan " + " ".join(plan),
         "model": {"recipe": trained.log["recipe"], "loss_first": trained.log["loss_first"], "loss_last_20": trained.log["loss_last_20"]},
     }
@@ -82,6 +81,7 @@ def main() -> None:
             expected = pruned.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=8, do_sample=False)[:, 8:]
         served = vllm_greedy(out / "pruned", prompts.tolist(), 8)
         record["vllm_cpu_greedy_equal"] = served == expected.tolist()
+    record["_record"] = run_record.as_dict()
     (keep / "machine.json").write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
 

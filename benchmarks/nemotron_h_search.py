@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common  # noqa: F401  (checks that the autocompress imported is this tree's)
+import common  # checks that the autocompress imported is this tree's
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +44,6 @@ def shared(scored: Any, minitron: Any) -> dict[str, Any]:
 def main() -> None:
     import pandas as pd
 
-    from autocompress.config import cpuinfo
     from autocompress.config.schema import DataSpec
     from autocompress.model.tiny_moe import TinyNemotronH, tiny_hybrid_moe
 
@@ -58,6 +57,7 @@ def main() -> None:
     )
     parser.add_argument("--reuse", action="store_true", help="keep plan folders a previous run of this script left (summarise them again)")
     args = parser.parse_args()
+    run_record = common.Record()
     if not C4.is_dir():
         raise SystemExit(f"the C4 sample is not at {C4} (see ../shared/data/PROVENANCE.md)")
     trained = tiny_hybrid_moe(DataSpec(source="jsonl", path=str(C4)), TinyNemotronH())
@@ -127,7 +127,7 @@ def main() -> None:
     keep = ROOT / "benchmarks" / "results" / "nemotron_h_search"
     keep.mkdir(parents=True, exist_ok=True)
     record = {
-        "cpu": cpuinfo.identity(),
+        "_record": run_record.as_dict(),
         "model": {"path": trained.path.name, "recipe": trained.log["recipe"], "loss_last_20": trained.log["loss_last_20"]},
         "runs": rows,
     }

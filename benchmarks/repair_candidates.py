@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import common
 import torch
 from common import dual_steps, scored
 
 from autocompress.arch.masking import MaskedModel
 from autocompress.arch.space import Architecture
 from autocompress.config.compose import compose_spec
-from autocompress.config.cpuinfo import identity as cpu
 from autocompress.io import write_json
 from autocompress.search.differentiable import evaluate, fill, repair, run_search
 from autocompress.search.prepare import prepare
@@ -101,6 +101,7 @@ def main() -> None:
     parser.add_argument("--table", type=Path, default=Path("benchmarks/results/repair_candidates.json"))
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. data.source=jsonl data.path=...")
     args = parser.parse_args()
+    record = common.Record(args.note)
     if any(n < 1 for n in args.candidates):
         raise SystemExit(f"--candidates {args.candidates}: each count must be at least 1")
     torch.set_num_threads(args.threads)
@@ -113,7 +114,7 @@ def main() -> None:
         counts = " ".join(map(str, args.candidates))
         command = f"benchmarks/repair_candidates.py --threads {args.threads} --scenario {name} --candidates {counts}"
         command += "".join(f" --setting {s}" for s in args.setting) + " " + " ".join(args.overrides)
-        result["_run"] = {"command": command.strip(), "cpu": {**cpu(), "shared_with": args.note}, "wall_s": time.time() - start}
+        result["_run"] = {"command": command.strip(), "_record": record.as_dict(), "wall_s": time.time() - start}
         table[name] = result
         write_json(table, args.table)  # after every scenario: an interrupted run keeps what it measured
 

@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import common
 import torch
 from common import SETTINGS, shape
 
 from autocompress.arch.masking import MaskedModel
 from autocompress.arch.space import Architecture
 from autocompress.config.compose import compose_spec
-from autocompress.config.cpuinfo import identity as cpu
 from autocompress.cost.base import meets
 from autocompress.search.differentiable import evaluate, fill, repair, run_search
 from autocompress.search.prepare import prepare
@@ -110,6 +110,7 @@ def main() -> None:
     parser.add_argument("--table", default="benchmarks/results/search_ablation.json")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. search.steps=24")
     args = parser.parse_args()
+    record = common.Record(args.note)
     torch.set_num_threads(args.threads)
     path = Path(args.table)
     table: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
@@ -118,7 +119,7 @@ def main() -> None:
         start = time.time()
         result = bench_scenario(name, args.settings, args.overrides)
         command = f"benchmarks/search_ablation.py --threads {args.threads} --scenario {name} " + " ".join(args.overrides)
-        result["_run"] = {"command": command.strip(), "cpu": {**cpu(), "shared_with": args.note}, "wall_s": time.time() - start}
+        result["_run"] = {"command": command.strip(), "_record": record.as_dict(), "wall_s": time.time() - start}
         results.append(result)
         table[name] = result
         path.parent.mkdir(parents=True, exist_ok=True)

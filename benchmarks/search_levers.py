@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import common
 import torch
 from common import dual_steps
 
 from autocompress.config.compose import compose_spec
-from autocompress.config.cpuinfo import identity as cpu
 from autocompress.config.schema import LagrangianSettings
 from autocompress.io import write_json
 from autocompress.search.differentiable import run_search
@@ -76,6 +76,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every lever")
     args = parser.parse_args()
+    record = common.Record(args.note)
     torch.set_num_threads(args.threads)
     out_path = args.out or Path(f"benchmarks/results/search_levers_{args.scenario}.json")
     steps = dual_steps(compose_spec(f"+scenario={args.scenario}", *args.overrides).sweep.definition)
@@ -128,7 +129,8 @@ def main() -> None:
             "mean_kl_select": statistics.fmean(r["kl_select"] for r in rows),
             "mean_kl_report": statistics.fmean(r["kl_report"] for r in rows),
             "search_s": sum(r["wall_s"] for r in rows),
-            "cpu": {**cpu(), "threads": args.threads, "shared_with": args.note},
+            "threads": args.threads,
+            "_record": record.as_dict(),
         }
         out["command"] = "benchmarks/search_levers.py --scenario " + args.scenario + " " + " ".join(args.overrides)
         write_json(out, out_path)  # after every lever: an interrupted run keeps what it measured

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import common
 import torch
 from common import SETTINGS, scored, shape
 
@@ -179,6 +180,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. search.steps=24")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    args.record = common.Record()
     ident = cpuinfo.identity()  # the model name and the SIMD that matters (AVX2-only and AVX-512 machines differ ~3.7x)
     cpu = f"{ident['model']} ({ident['simd']}, {ident['cores']} cores)"
     results = []
@@ -205,6 +207,7 @@ def run_record(args: argparse.Namespace, cpu: str, scenario: str) -> dict[str, A
         "machine": platform.machine(),
         "commit": commit,
         "date": time.strftime("%Y-%m-%d"),
+        "_record": args.record.as_dict(),
     }
 
 
@@ -253,7 +256,8 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace, cpu: str) -> 
         row["wall_s"] = r["wall_s"]
         out[r["scenario"]] = row
     cmd = "benchmarks/search_quality.py " + " ".join(f"--scenario {s}" for s in args.scenario) + " " + " ".join(args.overrides)
-    runs = {r["scenario"]: {"command": cmd.strip(), "cpu": cpu, "machine": platform.machine()} for r in results}
+    run = {"command": cmd.strip(), "cpu": cpu, "machine": platform.machine(), "_record": args.record.as_dict()}
+    runs = {r["scenario"]: run for r in results}
     out["_meta"] = {"metric": "report-split KL to the unpruned model, nats/token, no retraining", "runs": runs}
     return out
 

@@ -27,12 +27,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import common
 import torch
 from common import scored
 
 from autocompress.arch.masking import MaskedModel
 from autocompress.config.compose import compose_spec
-from autocompress.config.cpuinfo import identity as cpu
 from autocompress.errors import ConfigError
 from autocompress.io import write_json
 from autocompress.search.differentiable import run_search
@@ -61,6 +61,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="default benchmarks/results/search_settle_<scenario>_steps<N>.json")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides")
     args = parser.parse_args()
+    record = common.Record(args.note)
     given = [parse_setting(s) for s in args.setting] or SETTINGS
     if any(not 0 < lr <= 1 for lr in args.settle_lr):
         raise SystemExit(f"--settle-lr {args.settle_lr}: each value must be in (0, 1]")
@@ -81,7 +82,7 @@ def main() -> None:
     command = f"benchmarks/search_settle.py --scenario {args.scenario} --settle {args.settle}"
     command += " --settle-lr " + " ".join(map(str, args.settle_lr)) + "".join(f" --setting {s}" for s in args.setting)
     command += (f" --out {args.out}" if args.out else "") + " " + " ".join(args.overrides)
-    run = {"command": command.strip(), "cpu": {**cpu(), "shared_with": args.note}}
+    run = {"command": command.strip()}
     for settings in settings_list:
         for lr in args.settle_lr:
             start = time.time()
@@ -97,6 +98,7 @@ def main() -> None:
             row["wall_s"] = time.time() - start
             rows.append(row)
             print(json.dumps(row), flush=True)
+            run["_record"] = record.as_dict()
             out = {"scenario": args.scenario, "settle": args.settle, "search": dataclasses.asdict(spec.search), "runs": rows, "_run": run}
             write_json(out, path)  # after every run: an interrupted benchmark keeps what it measured
 

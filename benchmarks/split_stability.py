@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import common  # noqa: F401  (checks that the autocompress imported is this tree's)
+import common  # checks that the autocompress imported is this tree's
 import torch
 from scipy.stats import spearmanr
 
@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None, help="also re-score on the selection split of this data.seed (slow)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    record = common.Record()
     torch.set_num_threads(args.threads)
     run = load_run(args.run)
     assert run.spec is not None
@@ -59,6 +60,7 @@ def main() -> None:
         again = rescore(args, spec, ok)
         out[f"seed{args.seed}"] = agreement(ok, first, again)
         out[f"kl_select_seed{args.seed}"] = dict(zip(ok["trial_id"], again, strict=True))
+    out["_record"] = record.as_dict()
     print(json.dumps(out, indent=1))
 
 

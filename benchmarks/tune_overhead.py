@@ -25,11 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common  # noqa: F401  (checks that the autocompress imported is this tree's)
+import common  # checks that the autocompress imported is this tree's
 import torch
 
 from autocompress.config.compose import compose_spec
-from autocompress.config.cpuinfo import identity
 from autocompress.config.schema import RunSpec
 from autocompress.model.base import load_base_model
 from autocompress.search.differentiable import run_search
@@ -99,6 +98,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     load_before = os.getloadavg()
+    args.record = common.Record()
     sides = [side for side in ("loop", "cold", "warm") if side in args.sides.split(",")]
     if "loop" not in sides:
         parser.error("--sides must include loop (the overhead is against it)")
@@ -133,7 +133,7 @@ def main() -> None:
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "cpus": os.cpu_count(),
-        "cpu": identity(),
+        "_record": args.record.as_dict(),
     }
     print(json.dumps(report, indent=2))
     if args.out:

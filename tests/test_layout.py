@@ -6,6 +6,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 PKG = Path(__file__).resolve().parents[1] / "autocompress"
 # The stage packages in the order data flows through them; errors.py, io.py and cluster.py (the Ray connection) lie below
 # all of them. model/ comes after arch/ (its DeciLM files are written from an Architecture), and results/ (the run
@@ -157,3 +159,59 @@ def test_no_module_is_a_big_room() -> None:
     """No module over 450 lines (issue 44): past that a module holds several concerns; split it by concern."""
     big = {str(p.relative_to(PKG)): n for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > 450}
     assert not big, f"modules over 450 lines: {big}"
+
+
+def test_every_benchmark_result_records_its_conditions() -> None:
+    """Every benchmark that writes a result records the run's commit, CPU, date and whether the machine was shared
+    (benchmarks/common.py's Record) in it. cpu_peak.py and cost_model_residuals.py only print; headline.py writes its
+    commit, CPU and date itself (its runs span sessions: the compare stages record their own seconds)."""
+    bench = PKG.parent / "benchmarks"
+    apart = {"common.py", "cpu_peak.py", "cost_model_residuals.py", "headline.py"}
+    missing = [p.name for p in sorted(bench.glob("*.py")) if p.name not in apart and "common.Record(" not in p.read_text()]
+    assert not missing, f"benchmarks writing results without common.Record: {missing}"
+
+
+def test_a_record_counts_the_cpu_others_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`shared` is measured: CPU seconds of processes outside the run's own tree during the run, per wall second."""
+    import importlib.util
+    import os
+    import sys
+
+    sys.path.insert(0, str(PKG.parent / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("common", PKG.parent / "benchmarks" / "common.py")
+        assert spec is not None and spec.loader is not None
+        common = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(common)
+    finally:
+        sys.path.remove(str(PKG.parent / "benchmarks"))
+    me, child, other, newcomer = os.getpid(), 10**7 + 1, 10**7 + 2, 10**7 + 3
+    clock = iter([100.0, 110.0])
+    monkeypatch.setattr(common.time, "time", lambda: next(clock))
+    monkeypatch.setattr(common, "_cpu_seconds", lambda: {me: 1.0, child: 0.0, other: 50.0})
+    record = common.Record()
+    monkeypatch.setattr(common, "_cpu_seconds", lambda: {me: 21.0, child: 20.0, other: 53.0, newcomer: 2.0})
+    monkeypatch.setattr(common, "_own_tree", lambda: {me, child})
+    out = common.Record.as_dict(record)
+    assert out["others_cores"] == 0.5 and out["shared"] is True and out["wall_s"] == 10.0  # (3 + 2) s over 10 s
+    assert set(out) >= {"commit", "cpu", "date", "shared"} and out["commit"] != "unknown"
+    clock = iter([0.0, 10.0])
+    monkeypatch.setattr(common, "_cpu_seconds", lambda: {me: 1.0, other: 50.0})
+    quiet = common.Record()
+    assert common.Record.as_dict(quiet)["shared"] is False  # nothing else ran
+
+
+def test_every_result_says_where_it_came_from() -> None:
+    """Each entry under benchmarks/results/ is listed in its PROVENANCE.md (what its files recorded, where the docs
+    describe it) or carries a `_record` in every JSON file (benchmarks/common.py's Record); nothing listed is missing."""
+    import json
+
+    results = PKG.parent / "benchmarks" / "results"
+    listed = set(re.findall(r"^\| `([^`]+?)/?` \|", (results / "PROVENANCE.md").read_text(), re.M))
+    entries = {p.name for p in results.iterdir() if p.name != "PROVENANCE.md"}
+    assert listed <= entries, f"PROVENANCE.md lists entries that are gone: {sorted(listed - entries)}"
+    for name in sorted(entries - listed):
+        top = results / name
+        files = [top] if top.is_file() else sorted(top.rglob("*.json"))
+        unrecorded = [p.name for p in files if p.suffix == ".json" and "_record" not in json.loads(p.read_text())]
+        assert files and not unrecorded, f"benchmarks/results/{name}: no _record in {unrecorded or 'any file'}; list it in PROVENANCE.md"
