@@ -134,6 +134,66 @@ def record(scenario: str, compare_dir: Path, proto: dict[str, Any], code: str, s
     }
 
 
+TABLE_START, TABLE_END = "<!-- headline table: benchmarks/headline.py --table -->", "<!-- end of the headline table -->"
+NAMES = {
+    "autocompress": "AutoCompress",
+    "minitron": "Minitron (tuned)",
+    "minitron_default": "Minitron (ModelOpt defaults)",
+    "puzzletron": "Puzzletron",
+}
+
+
+def table(folder: Path, page: Path) -> str:
+    """The headline's one table, from every `<scenario>.json` in `folder`, as Markdown with each row linked to its JSON.
+    Refused when the JSONs come from different commits (the headline is one commit's, issue 43 item 3)."""
+    records = [json.loads(p.read_text()) | {"_file": p} for p in sorted(folder.glob("*.json"))]
+    if not records:
+        raise SystemExit(f"error: no headline JSON in {folder}; run the headline first")
+    codes = sorted({r["code"] for r in records})
+    if len(codes) > 1:
+        raise SystemExit(f"error: {folder} holds headlines of several commits ({', '.join(codes)}); rerun them at one")
+
+    def num(value: Any, digits: int) -> str:
+        return "-" if value is None else f"{float(value):.{digits}f}"
+
+    lines = [
+        f"Code {codes[0][:12]}; {records[0]['cpu']['model']} ({records[0]['cpu']['simd']}, {records[0]['cpu']['cores']} cores). "
+        "Benchmark average in points (higher is better), test-split KL to the unpruned model in nats/token and perplexity "
+        "(lower is better), each after distillation and averaged over the seeds; the runner-up is the method's second "
+        "pick by its own selection score, distilled and scored alike; the last column is AutoCompress minus the method "
+        "on the average, with its 95% interval over items and seeds.",
+        "",
+        "| scenario | method | params | average | test KL | test ppl | runner-up average | AutoCompress minus it | JSON |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in sorted(records, key=lambda r: r["scenario"]):
+        link = os.path.relpath(r["_file"], page.parent)
+        base = r["base"]
+        lines.append(
+            f"| {r['scenario']} | unpruned | {base['params'] / 1e6:.1f} M | {num(base['average'], 2)} | 0 | "
+            f"{num(base.get('test_ppl'), 2)} | | | [json]({link}) |"
+        )
+        for name, m in r["methods"].items():
+            d = r["diff"].get(name)
+            diff = "" if d is None else f"{d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]"
+            up = m.get("runner_up") or {}
+            lines.append(
+                f"| {r['scenario']} | {NAMES.get(name, name)} | {m['params'] / 1e6:.1f} M | {num(m['average'], 2)} | "
+                f"{num(m.get('test_kl'), 3)} | {num(m.get('test_ppl'), 2)} | {num(up.get('average'), 2)} | {diff} | [json]({link}) |"
+            )
+    return "\n".join(lines)
+
+
+def fill_page(page: Path, folder: Path) -> None:
+    """Replace what stands between the table markers of `page` with `table(folder)`; the rest of the page is kept."""
+    text = page.read_text()
+    if TABLE_START not in text or TABLE_END not in text:
+        raise SystemExit(f"error: {page} has no headline table markers ({TABLE_START} ... {TABLE_END}); add them where the table goes")
+    head, rest = text.split(TABLE_START, 1)
+    tail = rest.split(TABLE_END, 1)[1]
+    page.write_text(f"{head}{TABLE_START}\n{table(folder, page)}\n{TABLE_END}{tail}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--protocol", default=str(PROTOCOL))
@@ -141,7 +201,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results-dir", default="benchmarks/out/headline", help="sweep runs and compare folders (large)")
     parser.add_argument("--out", default="benchmarks/results/headline", help="the small JSON per scenario")
     parser.add_argument("--allow-dirty", action="store_true", help="run with uncommitted changes (a trial run, never the headline)")
+    parser.add_argument(
+        "--table", metavar="PAGE", nargs="?", const="docs/results.md", help="only write the table of --out's JSONs into PAGE"
+    )
     args = parser.parse_args(argv)
+    if args.table:
+        fill_page(ROOT / args.table, ROOT / args.out)
+        print(f"{args.table}: the headline table from {args.out}")
+        return
     proto = protocol(Path(args.protocol))
     unknown = [s for s in args.scenario or [] if s not in proto["scenarios"]]
     if unknown:

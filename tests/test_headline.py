@@ -80,3 +80,39 @@ def test_a_compare_output_becomes_the_headline_record(tmp_path: Path) -> None:
     assert rec["methods"]["autocompress"]["budget"]["sweep_seconds"] == "reused"
     assert rec["diff"]["minitron"] == {"mean": 2.0, "low": 0.5, "high": 3.5}
     assert mt["runner_up"]["average"] == 44.0 and mt["runner_up"]["label"] == "M2" and rec["methods"]["autocompress"]["runner_up"] is None
+
+
+def test_the_results_page_table_comes_from_the_headline_jsons(tmp_path: Path) -> None:
+    """`headline.py --table` writes docs/results.md's table from the JSONs alone, each row linked to its file, and keeps
+    the rest of the page; JSONs of two commits are refused (the headline is one commit's)."""
+    hl = headline()
+    folder, page = tmp_path / "benchmarks" / "results" / "headline", tmp_path / "docs" / "results.md"
+    folder.mkdir(parents=True)
+    page.parent.mkdir()
+    method = {"params": 97_600_000, "average": 33.1, "test_kl": 0.912, "test_ppl": 21.4, "runner_up": {"average": 32.8}}
+    for scenario, code in (("rtx5070_coding", "abc1234"), ("h100_batched", "abc1234")):
+        rec = {
+            "scenario": scenario,
+            "code": code,
+            "cpu": {"model": "AMD EPYC", "simd": "avx2", "cores": "2"},
+            "base": {"params": 134_515_008, "average": 40.2, "test_ppl": 11.6},
+            "methods": {"autocompress": method, "minitron": method | {"average": 31.0, "runner_up": None}},
+            "diff": {"minitron": {"mean": 2.1, "low": 0.4, "high": 3.9}},
+        }
+        (folder / f"{scenario}.json").write_text(json.dumps(rec))
+    page.write_text(f"# Results\n\nintro\n\n{hl.TABLE_START}\nold\n{hl.TABLE_END}\n\nafter\n")
+    hl.fill_page(page, folder)
+    text = page.read_text()
+    assert text.startswith("# Results\n\nintro\n\n") and text.endswith("\n\nafter\n") and "old" not in text
+    rows = [ln for ln in text.splitlines() if ln.startswith("| rtx5070_coding")]
+    assert rows == [
+        "| rtx5070_coding | unpruned | 134.5 M | 40.20 | 0 | 11.60 | | | [json](../benchmarks/results/headline/rtx5070_coding.json) |",
+        "| rtx5070_coding | AutoCompress | 97.6 M | 33.10 | 0.912 | 21.40 | 32.80 |  | "
+        "[json](../benchmarks/results/headline/rtx5070_coding.json) |",
+        "| rtx5070_coding | Minitron (tuned) | 97.6 M | 31.00 | 0.912 | 21.40 | - | +2.10 [+0.40, +3.90] | "
+        "[json](../benchmarks/results/headline/rtx5070_coding.json) |",
+    ]
+    assert "Code abc1234" in text and text.index("| h100_batched") < text.index("| rtx5070_coding")
+    (folder / "h100_batched.json").write_text(json.dumps(json.loads((folder / "h100_batched.json").read_text()) | {"code": "def5678"}))
+    with pytest.raises(SystemExit, match="several commits"):
+        hl.fill_page(page, folder)
