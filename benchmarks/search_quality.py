@@ -46,7 +46,6 @@ from autocompress.baselines.minitron import search as minitron_search
 from autocompress.baselines.naive import greedy_removal
 from autocompress.baselines.puzzletron import PuzzletronSpec
 from autocompress.baselines.puzzletron import search as puzzletron_search
-from autocompress.config import cpuinfo
 from autocompress.config.compose import compose_spec
 from autocompress.config.schema import LagrangianSettings
 from autocompress.cost import CostModel
@@ -181,13 +180,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     args.record = common.Record()
-    ident = cpuinfo.identity()  # the model name and the SIMD that matters (AVX2-only and AVX-512 machines differ ~3.7x)
-    cpu = f"{ident['model']} ({ident['simd']}, {ident['cores']} cores)"
     results = []
     for name in args.scenario:
         start = time.time()
         results.append(bench_scenario(name, args.settings, args.overrides, args.searches_only, args.only) | {"wall_s": time.time() - start})
-        new = joined(json.loads(Path(args.table).read_text()), results, args, cpu) if args.only else table(results, args, cpu)
+        new = joined(json.loads(Path(args.table).read_text()), results, args) if args.only else table(results, args)
         for path, data in ((Path(args.out), results), (Path(args.table), new)):
             path.parent.mkdir(parents=True, exist_ok=True)
             if path == Path(args.table) and path.exists():  # other scenarios' rows stay; this run's replace theirs
@@ -196,22 +193,17 @@ def main() -> None:
     print(markdown(results))
 
 
-def run_record(args: argparse.Namespace, cpu: str, scenario: str) -> dict[str, Any]:
-    import subprocess
-
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+def run_record(args: argparse.Namespace, scenario: str) -> dict[str, Any]:
+    """How one scenario's row was made: the command, and the run's commit, CPU, date and machine share (`_record`)."""
     cmd = f"benchmarks/search_quality.py --scenario {scenario}" + (f" --only {args.only}" if args.only else "")
     return {
         "command": (cmd + " " + " ".join(args.overrides)).strip(),
-        "cpu": cpu,
         "machine": platform.machine(),
-        "commit": commit,
-        "date": time.strftime("%Y-%m-%d"),
         "_record": args.record.as_dict(),
     }
 
 
-def joined(old: dict[str, Any], results: list[dict[str, Any]], args: argparse.Namespace, cpu: str) -> dict[str, Any]:
+def joined(old: dict[str, Any], results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """The existing table with this run's `--only` baseline added to each scenario's row (the row's other entries kept)."""
     out: dict[str, Any] = {}
     meta = old.get("_meta", {"runs": {}})
@@ -224,7 +216,7 @@ def joined(old: dict[str, Any], results: list[dict[str, Any]], args: argparse.Na
         row[f"{key}_detail"] = {k: v for k, v in pick.items() if k not in ("kl", "params")} | {"constraints": r["constraints"]}
         out[r["scenario"]] = row
         meta["runs"].setdefault(r["scenario"], {})
-        meta["runs"][r["scenario"]] = {**meta["runs"][r["scenario"]], key: run_record(args, cpu, r["scenario"])}
+        meta["runs"][r["scenario"]] = {**meta["runs"][r["scenario"]], key: run_record(args, r["scenario"])}
     out["_meta"] = meta
     return out
 
@@ -239,7 +231,7 @@ def merged(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def table(results: list[dict[str, Any]], args: argparse.Namespace, cpu: str) -> dict[str, Any]:
+def table(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """{scenario: {baseline: report-split KL (None where no architecture fits), ...}} plus how it was made."""
     out: dict[str, Any] = {}
     for r in results:
@@ -256,7 +248,7 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace, cpu: str) -> 
         row["wall_s"] = r["wall_s"]
         out[r["scenario"]] = row
     cmd = "benchmarks/search_quality.py " + " ".join(f"--scenario {s}" for s in args.scenario) + " " + " ".join(args.overrides)
-    run = {"command": cmd.strip(), "cpu": cpu, "machine": platform.machine(), "_record": args.record.as_dict()}
+    run = {"command": cmd.strip(), "machine": platform.machine(), "_record": args.record.as_dict()}
     runs = {r["scenario"]: run for r in results}
     out["_meta"] = {"metric": "report-split KL to the unpruned model, nats/token, no retraining", "runs": runs}
     return out
