@@ -10,7 +10,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -227,7 +227,7 @@ def check_storage(target: str) -> None:
         ) from None
 
 
-def mirror_files(local_dir: Path, names: list[str], target: str) -> None:
+def mirror_files(local_dir: Path, names: Sequence[str], target: str) -> None:
     """Copy the files `names` of `local_dir` that exist to `target` (path or URI), each written then renamed."""
     import pyarrow.fs
 

@@ -9,6 +9,7 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -27,6 +28,48 @@ RUN_TRIALS = "trials.parquet"
 RUN_PARETO = "pareto.parquet"
 RUN_CURVES = "curves.parquet"  # every trial's search curves: loss, KL, multipliers, expected costs per reported step
 RUN_VERIFY = "verify"  # verify's own folder: measured.parquet / estimated.parquet; the sweep's tables stay as written
+RUN_JOURNAL = "optuna.journal"  # Optuna's study, when the sweep's searcher is Optuna (a resume continues it)
+RUN_FILES = (RUN_CONFIG, RUN_METADATA, RUN_RANKING, RUN_TRIALS, RUN_PARETO, RUN_CURVES, RUN_JOURNAL)  # what a mirror copies
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """A run folder and where each of its files lives: the one place a run file's name is joined to its folder
+    (results.runfolder.RunFolder adds the remote copy and what reads and writes them)."""
+
+    path: Path
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / RUN_CONFIG
+
+    @property
+    def metadata_file(self) -> Path:
+        return self.path / RUN_METADATA
+
+    @property
+    def ranking_file(self) -> Path:
+        return self.path / RUN_RANKING
+
+    @property
+    def trials_file(self) -> Path:
+        return self.path / RUN_TRIALS
+
+    @property
+    def pareto_file(self) -> Path:
+        return self.path / RUN_PARETO
+
+    @property
+    def curves_file(self) -> Path:
+        return self.path / RUN_CURVES
+
+    @property
+    def verify_dir(self) -> Path:
+        return self.path / RUN_VERIFY
+
+    @property
+    def journal_file(self) -> Path:
+        return self.path / RUN_JOURNAL
 
 
 def log(msg: str) -> None:

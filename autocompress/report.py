@@ -35,7 +35,7 @@ from autocompress.charts.figures import (
 )
 from autocompress.charts.plots import plot_architectures, plot_pareto, save
 from autocompress.config.cliargs import guarded
-from autocompress.io import RUN_METADATA, markdown, staged, write_text
+from autocompress.io import RunPaths, markdown, staged, write_text
 from autocompress.results.pareto import COST_DIRECTIONS
 from autocompress.results.store import Run, RunFolderError, load_run
 
@@ -243,7 +243,7 @@ def key_tables(runs: Sequence[Run]) -> str:
 
 def without_reports(paths: Sequence[Path]) -> list[Path]:
     """The paths minus earlier report folders (a glob such as results/<scenario>/* matches them too)."""
-    reports = [p for p in paths if (p / "report.md").exists() and not (p / RUN_METADATA).exists()]
+    reports = [p for p in paths if (p / "report.md").exists() and not RunPaths(p).metadata_file.exists()]
     if reports:
         print(f"skipping report folders: {', '.join(map(str, reports))}", file=sys.stderr)
     runs = [p for p in paths if p not in reports]

@@ -23,7 +23,7 @@ from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
 from autocompress.config.compose import plain
 from autocompress.errors import ConfigError
-from autocompress.io import RUN_CONFIG, RUN_METADATA, log
+from autocompress.io import log
 from autocompress.results.runfolder import RunFolder, resume_target
 from autocompress.search.tune import preflight, run_sweep
 
@@ -44,9 +44,10 @@ def resume_mode(data: dict[str, Any], resume: Any) -> str:
         raise ConfigError("resume=auto needs +scenario=NAME and results.run_id=ID (start that run, or resume it if it exists)")
     run_dir = Path((data.get("results") or {}).get("dir") or "results").resolve() / str(scenario) / str(run_id)
     storage = (data.get("sweep") or {}).get("storage_path")
-    if not (run_dir / RUN_CONFIG).exists() and not (storage and fetch_dir(storage_join(storage, str(scenario), str(run_id)), run_dir)):
+    run = RunFolder(run_dir)
+    if not run.config_file.exists() and not (storage and fetch_dir(storage_join(storage, str(scenario), str(run_id)), run_dir)):
         return "new"
-    meta = RunFolder(run_dir).metadata() if (run_dir / RUN_METADATA).exists() else {}
+    meta = run.metadata() if run.metadata_file.exists() else {}
     return "complete" if meta.get("status") == "complete" else "resume"
 
 

@@ -33,7 +33,7 @@ from autocompress.config.metrics import TIMED, Constraint
 from autocompress.config.schema import RunSpec
 from autocompress.cost.engine import check_devices, measure_many, measured_metrics, measured_spreads, require_vllm, settings_for
 from autocompress.errors import ConfigError
-from autocompress.io import RUN_PARETO, RUN_VERIFY, check_writable, log, write_parquet
+from autocompress.io import RunPaths, check_writable, log, write_parquet
 from autocompress.model.base import load_base_model
 from autocompress.results.runcheck import CheckedRun, check_run_folder
 from autocompress.results.store import read_table
@@ -83,7 +83,7 @@ def _merge(frame: pd.DataFrame, measured: dict[str, dict[str, Any]]) -> pd.DataF
 def _run_of(path: Path) -> tuple[Path, CheckedRun]:
     """(pareto file, its run folder checked) of a pareto.parquet or a run folder given on the command line."""
     if path.is_dir():
-        path = path / RUN_PARETO
+        path = RunPaths(path).pareto_file
     if not path.exists():
         raise ConfigError(f"{path} does not exist; give results/<scenario>/<run_id>/pareto.parquet of a finished sweep")
     return path, check_run_folder(path.parent, status="any", tables=(path,), fronts=False)
@@ -129,7 +129,7 @@ def verify(path: Path, out: Path | None = None, overwrite: bool = False) -> pd.D
     engine; the measured columns go to `out`/measured.parquet (default <run>/verify/), which report and export read."""
     path, run = _run_of(path)
     spec = _spec(run)
-    out = Path(out) if out is not None else run.path / RUN_VERIFY
+    out = Path(out) if out is not None else run.verify_dir
     check_writable(out, "out")
     table = _finished(path, "verify")
     _check_rows(out / "measured.parquet", table["trial_id"], overwrite)
@@ -165,7 +165,7 @@ def estimate(path: Path, out: Path | None = None, overwrite: bool = False) -> pd
 
     path, run = _run_of(path)
     spec = _spec(run)
-    out = Path(out) if out is not None else run.path / RUN_VERIFY
+    out = Path(out) if out is not None else run.verify_dir
     check_writable(out, "out")
     hw, wl = spec.scenario.hardware, spec.scenario.workload
     if not hw.aiconfigurator or hw.aiconfigurator_derived:

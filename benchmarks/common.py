@@ -134,3 +134,16 @@ def dual_steps(definition: Mapping[str, Any]) -> list[float]:
     if not steps:
         raise SystemExit("search_levers takes its dual steps from the sweep grid; use sweep/definition=grid with grid.dual_lr set")
     return [float(d) for d in steps]
+
+
+def run_logged(cmd: list[str], log: Path, cwd: Path, rerun: str = "") -> float:
+    """`cmd` run in `cwd`, its output appended to `log`; the seconds it took. A failure stops the benchmark with one line
+    naming the command and the log (`rerun`: what rerunning does, added to that line)."""
+    start = time.time()
+    with log.open("a") as fh:
+        fh.write(f"\n$ {' '.join(cmd)}\n")
+        fh.flush()
+        proc = subprocess.run(cmd, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if proc.returncode:
+        raise SystemExit(f"error: failed ({proc.returncode}): {' '.join(cmd)}; see {log}" + (f" ({rerun})" if rerun else ""))
+    return time.time() - start

@@ -19,32 +19,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import common  # checks that the autocompress imported is this tree's
 import pandas as pd
 
+from autocompress.io import RunPaths
+
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ["rtx5070_coding", "rtx5080_game", "h100_batched", "cpu_interactive"]
 C4 = ROOT.parent / "shared" / "data" / "corpora" / "c4_sample"
-
-
-def run(cmd: list[str], log: Path) -> float:
-    """Run `cmd` from the repository root, appending its output to `log`; seconds taken (raises on failure)."""
-    start = time.time()
-    with log.open("a") as fh:
-        fh.write(f"\n$ {' '.join(cmd)}\n")
-        fh.flush()
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    if proc.returncode:
-        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}; see {log}")
-    return time.time() - start
 
 
 def bench_scenario(name: str, args: argparse.Namespace, log: Path) -> dict[str, Any]:
@@ -52,14 +39,14 @@ def bench_scenario(name: str, args: argparse.Namespace, log: Path) -> dict[str, 
     results = Path(args.results_dir).resolve()
     seconds: dict[str, float] = {}
     if args.profile and name == "cpu_interactive":
-        seconds["profile"] = run([py, "-m", "autocompress.profile", f"+scenario={name}", f"results.dir={results}"], log)
+        seconds["profile"] = common.run_logged([py, "-m", "autocompress.profile", f"+scenario={name}", f"results.dir={results}"], log, ROOT)
     run_dir = Path(args.run[name]) if name in args.run else results / name / args.run_id
-    if name not in args.run and not (run_dir / "trials.parquet").exists():
+    if name not in args.run and not RunPaths(run_dir).trials_file.exists():
         sweep = [f"+scenario={name}", f"results.dir={results}", f"results.run_id={args.run_id}", *args.data, *args.sweep_set]
-        seconds["sweep"] = run([py, "-m", "autocompress.sweep", *sweep], log)
+        seconds["sweep"] = common.run_logged([py, "-m", "autocompress.sweep", *sweep], log, ROOT)
     # overwrite=true: a finished comparison is redone with these settings (its stages with the same settings are reused)
     compare = [f"+scenario={name}", f"results.dir={results}", f"compare.run={run_dir}", "overwrite=true", *args.data, *args.set]
-    seconds["compare"] = run([py, "-m", "autocompress.compare", *compare], log)
+    seconds["compare"] = common.run_logged([py, "-m", "autocompress.compare", *compare], log, ROOT)
     out = run_dir / "compare"
     summary = json.loads((out / "compare.json").read_text())
     keep = ROOT / "benchmarks" / "results" / "compare" / name

@@ -26,6 +26,7 @@ from typing import Any
 import common  # checks that the autocompress imported is this tree's
 import pandas as pd
 
+from autocompress.io import RunPaths
 from autocompress.search.differentiable import SEARCH_PHASES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,8 +57,8 @@ def run_demo(results: Path) -> tuple[Path, float]:
 
 
 def breakdown(run: Path, wall: float | None) -> dict[str, Any]:
-    meta = json.loads((run / "metadata.json").read_text())
-    trials = pd.read_parquet(run / "trials.parquet")
+    meta = json.loads(RunPaths(run).metadata_file.read_text())
+    trials = pd.read_parquet(RunPaths(run).trials_file)
     ok = trials[trials["status"] == "ok"]
     prepare = {k: round(v, 1) for k, v in (meta.get("prepare_seconds") or {}).items()}
     sweep = float(meta.get("sweep_wall_s", float("nan")))

@@ -24,6 +24,8 @@ from typing import Any
 
 import common  # checks that the autocompress imported is this tree's
 
+from autocompress.io import RunPaths
+
 ROOT = Path(__file__).resolve().parents[1]
 C4 = ROOT.parent / "shared" / "data" / "corpora" / "c4_sample"
 MODELS = ("analytic", "auto")
@@ -36,7 +38,7 @@ def sweep(scenario: str, model: str, args: argparse.Namespace) -> tuple[Path, fl
         return Path(given[model]), 0.0
     run_id = f"{args.run_id}-{model}"
     run_dir = Path(args.results_dir) / scenario / run_id
-    if (run_dir / "pareto.parquet").exists():
+    if RunPaths(run_dir).pareto_file.exists():
         return run_dir, 0.0
     data = ["data.source=jsonl", f"data.path={C4}"] if args.c4 else []
     cmd = [sys.executable, "-m", "autocompress.sweep", f"+scenario={scenario}", f"cost_model={model}"]

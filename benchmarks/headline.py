@@ -27,13 +27,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common  # noqa: F401  (checks that the autocompress imported is this tree's)
+import common  # checks that the autocompress imported is this tree's
 import pandas as pd
 import yaml
 
 from autocompress.config import cpuinfo
+from autocompress.io import RunPaths
 
 ROOT = Path(__file__).resolve().parents[1]
+RERUN = "rerun to go on from the finished stages"  # what a failed stage's error line adds
 PROTOCOL = ROOT / "benchmarks" / "headline.yaml"
 RUN_ID = "headline"
 MEASURES = ("average", "test_kl", "test_ppl")  # the three ways quality is reported (issue 43 item 4)
@@ -64,21 +66,9 @@ def commit(allow_dirty: bool) -> str:
     return head + ("-dirty" if dirty.strip() else "")
 
 
-def run(cmd: list[str], log: Path) -> float:
-    """`cmd` from the repository root, its output appended to `log`; seconds taken (stops the headline on failure)."""
-    start = time.time()
-    with log.open("a") as fh:
-        fh.write(f"\n$ {' '.join(cmd)}\n")
-        fh.flush()
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    if proc.returncode:
-        raise SystemExit(f"error: failed ({proc.returncode}): {' '.join(cmd)}; see {log} (rerun to go on from the finished stages)")
-    return time.time() - start
-
-
 def sweep_state(run_dir: Path) -> str:
     """complete, interrupted (resume it), or missing (start it)."""
-    meta = run_dir / "metadata.json"
+    meta = RunPaths(run_dir).metadata_file
     if not meta.exists():
         return "missing"
     return "complete" if json.loads(meta.read_text()).get("status") == "complete" else "interrupted"
@@ -226,11 +216,11 @@ def main(argv: list[str] | None = None) -> None:
         state = sweep_state(run_dir)
         if state != "complete":
             extra = [f"resume={run_dir}"] if state == "interrupted" else [f"results.run_id={RUN_ID}"]
-            seconds["sweep"] = run([py, "-m", "autocompress.sweep", *shared, *extra], log)
+            seconds["sweep"] = common.run_logged([py, "-m", "autocompress.sweep", *shared, *extra], log, ROOT, RERUN)
         compare_dir = results / scenario / "compare"
         cmd = [py, "-m", "autocompress.compare", *shared, *proto["compare"], f"compare.run={run_dir}", f"compare.out={compare_dir}"]
         if not (compare_dir / "compare.json").exists():  # a finished comparison is recorded again, not rerun
-            seconds["compare"] = run(cmd, log)
+            seconds["compare"] = common.run_logged(cmd, log, ROOT, RERUN)
         result = record(scenario, compare_dir, proto, code, seconds)
         (out / f"{scenario}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
         diffs = ", ".join(f"vs {m}: {d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]" for m, d in result["diff"].items())

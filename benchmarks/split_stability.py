@@ -27,6 +27,7 @@ from scipy.stats import spearmanr
 from autocompress.arch.importance import teacher_hidden
 from autocompress.arch.masking import MaskedModel, Ranking
 from autocompress.arch.space import Architecture, SearchSpace
+from autocompress.io import RunPaths
 from autocompress.model.base import load_base_model
 from autocompress.model.data import load_token_data
 from autocompress.results.store import load_run
@@ -68,7 +69,7 @@ def rescore(args: argparse.Namespace, spec: Any, ok: Any) -> list[float]:
     """Selection-split KL of every trial on another data.seed's selection split."""
     base = load_base_model(spec.model)
     space = SearchSpace.from_base(Architecture.from_llama_config(base.model.config), spec.search.space)
-    ranking = Ranking.load(Path(args.run) / "ranking.safetensors")
+    ranking = Ranking.load(RunPaths(Path(args.run)).ranking_file)
     other = load_token_data(dataclasses.replace(spec.data, seed=args.seed), base.tokenizer, splits=("select",)).select
     teacher = teacher_hidden(base.model, other, progress=False)
     masked = MaskedModel(base.model, space, ranking)

@@ -30,6 +30,7 @@ import torch
 
 from autocompress.config.compose import compose_spec
 from autocompress.config.schema import RunSpec
+from autocompress.io import RunPaths
 from autocompress.model.base import load_base_model
 from autocompress.search.differentiable import run_search
 from autocompress.search.prepare import prepare
@@ -83,7 +84,7 @@ def through_sweep(spec: RunSpec, warm: bool) -> tuple[float, float]:
     run_dir = run_sweep(spec, "benchmark: no config.yaml\n")
     wall = time.perf_counter() - start
     ray.shutdown()
-    return wall, float(pd.read_parquet(run_dir / "trials.parquet")["wall_s"].sum())
+    return wall, float(pd.read_parquet(RunPaths(run_dir).trials_file)["wall_s"].sum())
 
 
 def main() -> None:

@@ -155,6 +155,22 @@ def test_folders_and_files_are_replaced_in_one_place() -> None:
     assert not others, f"rename outside io.py: {others}; use io.atomic_write, io.write_dir or io.staged"
 
 
+def test_run_file_paths_are_joined_in_one_place() -> None:
+    """A sweep run folder's files are found through io.RunPaths (RunFolder and CheckedRun are ones): no module or benchmark
+    joins a run file's name to a folder itself, so renaming or moving a file is one edit."""
+    names = r"RUN_(CONFIG|METADATA|RANKING|TRIALS|PARETO|CURVES|VERIFY|JOURNAL)\b"
+    names += r"|\"(trials|pareto|curves)\.parquet\"|\"ranking\.safetensors\"|\"optuna\.journal\""
+    files = [*PKG.rglob("*.py"), *(PKG.parent / "benchmarks").glob("*.py")]
+    joins = [
+        f"{p.relative_to(PKG.parent)}: {m.group(0)}"
+        for p in files
+        if p != PKG / "io.py"
+        for m in re.finditer(rf"/ ({names})", p.read_text())
+    ]
+    assert not joins, f"run file paths joined outside io.RunPaths: {joins}"
+    assert "/ RUN_TRIALS" in (PKG / "io.py").read_text()  # the one place, so the pattern above matches what it should
+
+
 def test_no_module_is_a_big_room() -> None:
     """No module over 450 lines (issue 44): past that a module holds several concerns; split it by concern."""
     big = {str(p.relative_to(PKG)): n for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > 450}

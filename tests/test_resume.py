@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 from autocompress.cluster import fetch_dir, mirror_files
 from autocompress.config.compose import compose_dict, compose_spec
 from autocompress.errors import ConfigError
+from autocompress.io import RunPaths
 from autocompress.search.tune import grid_points, settings_key, tune_space
 from autocompress.sweep import resume_mode
 
@@ -124,7 +125,7 @@ def test_grid_runs_only_what_is_not_recorded(tmp_path: Path) -> None:
     definition = {"searcher": "grid", "grid": {"margin": [0.0, 0.1, 0.2, 0.3]}}
     base = dataclasses.asdict(spec.search.settings)
     done = [{**base, "margin": 0.1}]
-    space, searcher, n = tune_space(definition, spec, tmp_path, done)
+    space, searcher, n = tune_space(definition, spec, RunPaths(tmp_path), done)
     left = [p["margin"] for p in space["settings"]["grid_search"]]
     assert searcher is None and n == 1 and left == [0.0, 0.2, 0.3]
     assert len({settings_key({**base, **p}) for p in grid_points(definition["grid"], 8, 0)}) == 8  # cycles get fresh seeds

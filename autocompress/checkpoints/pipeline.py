@@ -18,7 +18,7 @@ from autocompress.checkpoints.verification import verify_export, vllm_check
 from autocompress.config.families import family
 from autocompress.config.schema import RunSpec
 from autocompress.errors import ConfigError
-from autocompress.io import RUN_PARETO, RUN_RANKING, RUN_TRIALS, check_output, log, staged
+from autocompress.io import RunPaths, check_output, log, staged
 from autocompress.model.base import load_base_model
 from autocompress.model.data import load_token_data
 from autocompress.results.runcheck import CheckedRun, check_run_folder
@@ -29,7 +29,7 @@ from autocompress.results.runcheck import CheckedRun, check_run_folder
 def results_file(path: Path) -> Path:
     """The Parquet file to read: `path` itself, or a run folder's pareto.parquet."""
     if path.is_dir():
-        path = path / RUN_PARETO
+        path = RunPaths(path).pareto_file
     if not path.is_file():
         raise ConfigError(
             f"results file {path} does not exist; give a sweep run's pareto.parquet or trials.parquet (results/<scenario>/<run_id>/)"
@@ -72,7 +72,7 @@ def _with_trials_columns(path: Path, row: dict[str, Any]) -> dict[str, Any]:
     """`row` plus the columns only trials.parquet beside `path` has (e.g. costs `verify` measured)."""
     from autocompress.results.store import read_table
 
-    trials = path.parent / RUN_TRIALS
+    trials = RunPaths(path.parent).trials_file
     if path.name == trials.name or not trials.exists():
         return row
     df = read_table(trials)
@@ -81,12 +81,12 @@ def _with_trials_columns(path: Path, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_ranking(run_dir: Path, base: Architecture) -> Ranking:
-    path = run_dir / RUN_RANKING
+    path = RunPaths(run_dir).ranking_file
     if not path.exists():
         raise ConfigError(f"{path} does not exist: this run was made before runs kept their importance ranking; run the sweep again")
     ranking = Ranking.load(path)
     if ranking.hidden.numel() != base.hidden_size or tuple(ranking.ffn.shape) != (base.num_layers, base.blocks[0].ffn):
-        raise ConfigError(f"{path} does not match the base model of {run_dir / 'config.yaml'}")
+        raise ConfigError(f"{path} does not match the base model of {RunPaths(run_dir).config_file}")
     return ranking
 
 
@@ -139,7 +139,8 @@ def export(req: ExportRequest) -> Exported | dict[str, Any]:
     check_output(req.out, req.overwrite)
     if req.out.resolve() in path.resolve().parents:
         raise ConfigError(f"out={req.out} holds the results file {path}; choose an output folder outside the run")
-    beside = [path.parent / RUN_TRIALS] if path.name != RUN_TRIALS and (path.parent / RUN_TRIALS).exists() else []
+    trials = RunPaths(path.parent).trials_file
+    beside = [trials] if path != trials and trials.exists() else []
     run = check_run_folder(path.parent, status="any", tables=(path, *beside), fronts=False)  # before any model is loaded
     row = select_trial(path, req.trial, req.index, req.force)
     return family(row.get("family")).stage("export")(req, row, run)  # the trial's model family (config/families.py)

@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from autocompress.config.build import build, run_spec_from_dict
 from autocompress.config.schema import RunSpec, Workload
 from autocompress.errors import ConfigError
-from autocompress.io import RUN_CONFIG
+from autocompress.io import RunPaths
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -71,7 +71,7 @@ def load_workload(name: str) -> Workload:
 
 def run_spec_of(run_dir: str | Path) -> RunSpec:
     """The RunSpec a finished sweep ran with (from its config.yaml)."""
-    path = Path(run_dir) / RUN_CONFIG
+    path = RunPaths(Path(run_dir)).config_file
     if not path.exists():
         raise ConfigError(f"{path} does not exist; give a sweep run folder (results/<scenario>/<run_id>)")
     cfg = OmegaConf.load(path)

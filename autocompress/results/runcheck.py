@@ -18,7 +18,7 @@ import pandas as pd
 from autocompress.config.families import LLAMA, family
 from autocompress.cost import COST_KEYS
 from autocompress.errors import AutoCompressError, ConfigError
-from autocompress.io import RUN_CONFIG, RUN_METADATA, RUN_PARETO, RUN_TRIALS
+from autocompress.io import RUN_PARETO, RUN_TRIALS, RunPaths
 
 if TYPE_CHECKING:
     from autocompress.config.schema import RunSpec
@@ -33,11 +33,10 @@ class RunFolderError(AutoCompressError, FileNotFoundError):
 
 
 @dataclass(frozen=True)
-class CheckedRun:
-    """What `check_run_folder` read: metadata.json, the RunSpec of config.yaml (None where allowed and absent or older), the
-    tables asked for (file name -> DataFrame, as written)."""
+class CheckedRun(RunPaths):
+    """A run folder (its files' paths from RunPaths) and what `check_run_folder` read from it: metadata.json, the RunSpec
+    of config.yaml (None where allowed and absent or older), the tables asked for (file name -> DataFrame, as written)."""
 
-    path: Path
     metadata: dict[str, Any]
     spec: RunSpec | None
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
@@ -76,7 +75,7 @@ def check_run_folder(
 
 def check_metadata(run: Path, status: str = "complete") -> dict[str, Any]:
     """metadata.json: a JSON object whose status fits `status`, with constraints (metric -> {"value": bound > 0})."""
-    path = run / RUN_METADATA
+    path = RunPaths(run).metadata_file
     if not path.exists():
         raise RunFolderError(f"{path} does not exist; give a sweep run folder (results/<scenario>/<run_id>), not its parent")
     try:
@@ -123,7 +122,7 @@ def check_config(run: Path, required: bool = True) -> RunSpec | None:
     from autocompress.config.build import run_spec_from_dict
     from autocompress.config.compose import plain
 
-    path = run / RUN_CONFIG
+    path = RunPaths(run).config_file
     if not path.exists():
         if not required:
             return None

@@ -24,14 +24,11 @@ from autocompress.cluster import (
 from autocompress.config.compose import plain
 from autocompress.config.schema import RunSpec
 from autocompress.errors import ConfigError
-from autocompress.io import RUN_CONFIG, RUN_CURVES, RUN_METADATA, RUN_PARETO, RUN_RANKING, RUN_TRIALS, log, write_json
+from autocompress.io import RUN_FILES, RUN_TRIALS, RunPaths, log, write_json
 from autocompress.results.runcheck import check_run_folder
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
-
-OPTUNA_JOURNAL = "optuna.journal"
-RUN_FILES = [RUN_CONFIG, RUN_METADATA, RUN_RANKING, RUN_TRIALS, RUN_PARETO, RUN_CURVES, OPTUNA_JOURNAL]
 # how a run executes, not what it computes: a resume may change these
 EXECUTION_KEYS = (
     "ray_address",
@@ -51,11 +48,10 @@ EXECUTION_KEYS = (
 # --------------------------------------------------------------------------- the run folder
 
 
-@dataclasses.dataclass
-class RunFolder:
-    """results/<scenario>/<run_id>/, and its copy under sweep.storage_path when that is set."""
+@dataclasses.dataclass(frozen=True)
+class RunFolder(RunPaths):
+    """results/<scenario>/<run_id>/ (its files' paths from RunPaths), and its copy under sweep.storage_path when that is set."""
 
-    path: Path
     remote: str | None = None  # <storage_path>/<scenario>/<run_id>
 
     @staticmethod
@@ -77,7 +73,7 @@ class RunFolder:
 
     def metadata(self) -> dict[str, Any]:
         try:
-            data: dict[str, Any] = json.loads((self.path / RUN_METADATA).read_text(encoding="utf-8"))
+            data: dict[str, Any] = json.loads(self.metadata_file.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{self.path}/metadata.json is unreadable ({exc}); this run cannot be resumed, start a new one") from exc
         if not isinstance(data, dict):
@@ -85,7 +81,7 @@ class RunFolder:
         return data
 
     def write_metadata(self, meta: dict[str, Any]) -> None:
-        write_json(meta, self.path / RUN_METADATA)
+        write_json(meta, self.metadata_file)
         self.mirror()
 
     def add_curves(self, steps: list[dict[str, Any]]) -> None:
@@ -95,7 +91,7 @@ class RunFolder:
 
         from autocompress.io import write_parquet
 
-        path, new = self.path / RUN_CURVES, pd.DataFrame(steps)
+        path, new = self.curves_file, pd.DataFrame(steps)
         if path.exists():
             old = pd.read_parquet(path)
             new = pd.concat([old[~old["trial_id"].isin(set(new["trial_id"]))], new], ignore_index=True)
@@ -106,7 +102,7 @@ class RunFolder:
         """Rows of trials.parquet that finished (status ok): the trials a resume keeps."""
         from autocompress.results.runcheck import read_table
 
-        path = self.path / RUN_TRIALS
+        path = self.trials_file
         if not path.exists():
             return []
         df = read_table(path)
@@ -133,7 +129,7 @@ def new_run_dir(spec: RunSpec, overwrite: bool = False) -> tuple[Path, Path | No
     run_id = spec.run_id or dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(spec.results_dir).resolve() / spec.scenario.name / run_id
     aside = None
-    if (run_dir / RUN_CONFIG).exists():
+    if RunPaths(run_dir).config_file.exists():
         if not overwrite:
             raise ConfigError(
                 f"{run_dir} already exists; choose another results.run_id, finish that run with resume=true, "
@@ -182,7 +178,7 @@ def put_back(aside: Path, run_dir: Path) -> None:
 
 def _metadata(run_dir: Path) -> dict[str, Any]:
     try:
-        meta = json.loads((run_dir / RUN_METADATA).read_text())
+        meta = json.loads(RunPaths(run_dir).metadata_file.read_text())
     except (OSError, ValueError):
         return {}
     return meta if isinstance(meta, dict) else {}
@@ -264,18 +260,18 @@ def resume_target(current: dict[str, Any], resume: Any, overrides: list[str]) ->
         run_dir = results_dir.joinpath(*remote.split("/")[-2:])
     else:
         run_dir = Path(str(resume)).expanduser().resolve()
-    if not (run_dir / RUN_CONFIG).exists() and not (remote and fetch_dir(remote, run_dir)):
+    if not RunPaths(run_dir).config_file.exists() and not (remote and fetch_dir(remote, run_dir)):
         where = f"{run_dir} (nor {remote})" if remote else str(run_dir)
         raise ConfigError(f"resume={resume}: {where} holds no config.yaml; give the folder of a sweep run (results/<scenario>/<run_id>)")
     checked = check_run_folder(run_dir, status="resumable", tables=(RUN_TRIALS,))  # before the model is loaded, nothing written
     check_resumable(run_dir, checked.metadata)  # a finished run, or one another process runs: refused now, not after preparing
-    loaded = OmegaConf.load(run_dir / RUN_CONFIG)
+    loaded = OmegaConf.load(RunPaths(run_dir).config_file)
     assert isinstance(loaded, DictConfig)
     stored = plain(loaded)
     conflicts = _override_conflicts(current, stored, overrides)
     if conflicts:
         raise ConfigError(
-            f"resume: a resumed run keeps the settings in {run_dir / 'config.yaml'}, and these overrides differ: "
+            f"resume: a resumed run keeps the settings in {RunPaths(run_dir).config_file}, and these overrides differ: "
             f"{'; '.join(conflicts[:6])}. Drop them (only ray.address and sweep.{{{','.join(EXECUTION_KEYS[1:])}}} may change)"
         )
     given = {o.split("=", 1)[0].lstrip("+~").replace("ray.address", "sweep.ray_address") for o in overrides}

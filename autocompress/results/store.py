@@ -17,7 +17,7 @@ from autocompress.config.families import LLAMA
 from autocompress.config.metrics import Constraint
 from autocompress.config.schema import RunSpec
 from autocompress.cost import COST_KEYS
-from autocompress.io import RUN_PARETO, RUN_TRIALS, RUN_VERIFY
+from autocompress.io import RUN_PARETO, RUN_TRIALS, RunPaths
 from autocompress.results.runcheck import FRONT_COLUMNS, RunFolderError, check_metadata, check_run_folder, check_table, read_table
 
 # column -> (dtype, meaning); docs/commands.md ("Results schema") documents the same schema
@@ -195,7 +195,7 @@ VERIFIED = ("measured.parquet", "estimated.parquet")  # what `verify` writes und
 def with_verified(run: Path, df: pd.DataFrame, verify_dir: Path | None = None) -> pd.DataFrame:
     """`df` (a run's trials or front) with the columns `verify` wrote for its trial ids under `verify_dir` (default
     <run>/verify/); unchanged where nothing was verified."""
-    folder = Path(verify_dir) if verify_dir is not None else run / RUN_VERIFY
+    folder = Path(verify_dir) if verify_dir is not None else RunPaths(run).verify_dir
     for name in VERIFIED:
         if not (folder / name).exists() or "trial_id" not in df:
             continue

@@ -24,7 +24,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,7 +37,7 @@ from autocompress.config.families import HYBRID_MOE
 from autocompress.config.metrics import METRICS, Constraint
 from autocompress.config.schema import RunSpec
 from autocompress.cost.hybrid import HybridCost, evaluate, hardware_terms
-from autocompress.io import log
+from autocompress.io import RunPaths, log
 from autocompress.model.base import check_model_folder
 from autocompress.model.data import load_token_data
 from autocompress.model.tiny_moe import TinyHybridMoE, tiny_hybrid_moe
@@ -265,7 +264,7 @@ class MoEPrepared:
     base_architecture: str
     base_perplexity: float
 
-    def start(self, run_dir: Path) -> dict[str, Any]:
+    def start(self, run: RunPaths) -> dict[str, Any]:
         """A new run's model facts (each trial ranks on its own half of the calibration windows: no file to keep)."""
         return {
             "family": FAMILY,
@@ -274,7 +273,7 @@ class MoEPrepared:
             "base_architecture": self.base_architecture,
         }
 
-    def reopen(self, run_dir: Path) -> None:
+    def reopen(self, run: RunPaths) -> None:
         """Nothing to restore: a trial's ranking is computed again from its own calibration half."""
 
 

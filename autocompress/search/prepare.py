@@ -6,7 +6,6 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -19,7 +18,7 @@ from autocompress.config.metrics import Constraint
 from autocompress.config.schema import RunSpec, Scenario
 from autocompress.cost import CostModel, get_cost_model
 from autocompress.errors import ConfigError, InfeasibleError
-from autocompress.io import RUN_RANKING, Clock, log
+from autocompress.io import Clock, RunPaths, log
 from autocompress.model.base import BaseModel, load_base_model
 from autocompress.model.data import load_token_data
 from autocompress.search.differentiable import SearchInputs, evaluate, fill, flat_logits
@@ -35,9 +34,9 @@ class PreparedRun(Protocol):
     @property
     def inputs(self) -> Any: ...  # the trials' inputs; .constraints: the absolute bounds
 
-    def start(self, run_dir: Path) -> dict[str, Any]: ...  # a new run: its files, its metadata's model facts
+    def start(self, run: RunPaths) -> dict[str, Any]: ...  # a new run: its files, its metadata's model facts
 
-    def reopen(self, run_dir: Path) -> None: ...  # a resumed run: what its trials used
+    def reopen(self, run: RunPaths) -> None: ...  # a resumed run: what its trials used
 
 
 @dataclass
@@ -53,9 +52,9 @@ class Prepared:
     # what every family's prepare stage returns (config/families.py): base_costs, base_perplexity, inputs.constraints,
     # and these two, which keep the run folder's family-specific files
 
-    def start(self, run_dir: Path) -> dict[str, Any]:
+    def start(self, run: RunPaths) -> dict[str, Any]:
         """A new run: write what its trials and export read (the unit ranking); its metadata's model facts."""
-        self.inputs.ranking.save(run_dir / RUN_RANKING)  # export slices weights in this order
+        self.inputs.ranking.save(run.ranking_file)  # export slices weights in this order
         return {
             "prepare_seconds": self.seconds,
             "cost_model": self.cost_model.describe(),
@@ -63,13 +62,13 @@ class Prepared:
             "base_architecture": self.space.base.to_json(),
         }
 
-    def reopen(self, run_dir: Path) -> None:
+    def reopen(self, run: RunPaths) -> None:
         """A resumed run: its trials go on with the ranking the run started with."""
         from autocompress.arch.masking import Ranking
 
-        if not (run_dir / RUN_RANKING).exists():
-            raise ConfigError(f"{run_dir} holds no ranking.safetensors; this run cannot be resumed, start a new one")
-        saved = Ranking.load(run_dir / RUN_RANKING)
+        if not run.ranking_file.exists():
+            raise ConfigError(f"{run.path} holds no {run.ranking_file.name}; this run cannot be resumed, start a new one")
+        saved = Ranking.load(run.ranking_file)
         # the rival's selection KL was measured under the fresh ranking: trials measure it again under another one
         select = self.inputs.homogeneous_select if saved.same_as(self.inputs.ranking) else None
         self.inputs = dataclasses.replace(self.inputs, ranking=saved, homogeneous_select=select)

@@ -29,10 +29,10 @@ from autocompress.config.metrics import METRICS, Constraint
 from autocompress.config.schema import SETTING_KEYS, LagrangianSettings, RunSpec
 from autocompress.cost import CostModel
 from autocompress.errors import AutoCompressError, ConfigError
-from autocompress.io import RUN_CONFIG, RUN_PARETO, RUN_TRIALS, log, write_parquet, write_text
+from autocompress.io import RunPaths, log, write_parquet, write_text
 from autocompress.model.base import check_model_spec, model_family
 from autocompress.results.pareto import COST_DIRECTIONS, QUALITY, pareto_frame
-from autocompress.results.runfolder import OPTUNA_JOURNAL, RunFolder, check_resumable, driver_info, git_sha, new_run_dir, put_back
+from autocompress.results.runfolder import RunFolder, check_resumable, driver_info, git_sha, new_run_dir, put_back
 from autocompress.results.store import architecture_columns, feasibility_columns, trials_frame
 from autocompress.search.differentiable import SEARCH_PHASES, SearchInputs, SearchResult
 from autocompress.search.prepare import Prepared, PreparedRun
@@ -69,16 +69,16 @@ def settings_key(values: Mapping[str, Any]) -> str:
     return json.dumps({k: float(values[k]) for k in SETTING_KEYS}, sort_keys=True)
 
 
-def optuna_storage(spec: RunSpec, run_dir: Path) -> tuple[Any, str]:
+def optuna_storage(spec: RunSpec, run: RunPaths) -> tuple[Any, str]:
     """(Optuna storage, study name): a journal file in the run folder, or sweep.optuna_storage."""
     import optuna
 
-    name = f"autocompress-{spec.scenario.name}-{run_dir.name}"
+    name = f"autocompress-{spec.scenario.name}-{run.path.name}"
     url = spec.sweep.optuna_storage
     if not url:
         from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-        return JournalStorage(JournalFileBackend(str(run_dir / OPTUNA_JOURNAL))), name
+        return JournalStorage(JournalFileBackend(str(run.journal_file))), name
     try:
         return optuna.storages.RDBStorage(url), name
     except Exception as exc:
@@ -99,7 +99,7 @@ def _close_stale_trials(storage: Any, name: str) -> int:
     return len(study.trials)
 
 
-def tune_space(definition: dict[str, Any], spec: RunSpec, run_dir: Path, done: list[dict[str, Any]]) -> tuple[dict[str, Any], Any, int]:
+def tune_space(definition: dict[str, Any], spec: RunSpec, run: RunPaths, done: list[dict[str, Any]]) -> tuple[dict[str, Any], Any, int]:
     """(param_space, search_alg, num_samples) for the trials `done` (trials.parquet rows with status ok) lacks."""
     from ray import tune
 
@@ -116,7 +116,7 @@ def tune_space(definition: dict[str, Any], spec: RunSpec, run_dir: Path, done: l
         space[key] = tune.loguniform(low, high) if dist.get("log") else tune.uniform(low, high)
     objective = spec.sweep.objective_cost
     mode = "min" if METRICS[objective] == "max" else "max"
-    storage, name = optuna_storage(spec, run_dir)
+    storage, name = optuna_storage(spec, run)
     prior = _close_stale_trials(storage, name)  # a resumed study goes on; a fresh seed avoids repeating its samples
     searcher = OptunaSearch(
         metric=[QUALITY, objective], mode=["min", mode], seed=spec.search.settings.seed + prior, storage=storage, study_name=name
@@ -226,7 +226,7 @@ def _recorder(run: RunFolder, spec: RunSpec, rows: list[dict[str, Any]], total: 
 
         def _add(self, row: dict[str, Any]) -> None:
             rows.append(row)
-            write_parquet(trials_frame(rows), run.path / RUN_TRIALS)
+            write_parquet(trials_frame(rows), run.trials_file)
             run.mirror()
 
     return TrialRecorder()
@@ -238,8 +238,8 @@ def _recorder(run: RunFolder, spec: RunSpec, rows: list[dict[str, Any]], total: 
 def _start(spec: RunSpec, config_yaml: str, prepared: PreparedRun, definition: dict[str, Any], run: RunFolder) -> dict[str, Any]:
     """Fill the claimed run folder: config.yaml, ranking.safetensors, metadata.json (status running)."""
     run.path.mkdir(parents=True, exist_ok=True)
-    write_text(config_yaml, run.path / RUN_CONFIG)
-    model_facts = prepared.start(run.path)  # the family's files (the Llama ranking) and facts
+    write_text(config_yaml, run.config_file)
+    model_facts = prepared.start(run)  # the family's files (the Llama ranking) and facts
     return {
         "status": "running",
         "started": dt.datetime.now().isoformat(timespec="seconds"),
@@ -262,7 +262,7 @@ def _resume(run: RunFolder, prepared: PreparedRun) -> dict[str, Any]:
     """Reopen an interrupted run: its metadata (status running again) and what its trials used (the Llama ranking)."""
     meta = run.metadata()
     check_resumable(run.path, meta)
-    prepared.reopen(run.path)
+    prepared.reopen(run)
     return _reopened(meta)
 
 
@@ -284,7 +284,7 @@ def _fit(
     """Run the trials that `rows` lacks on Ray Tune, recording each in trials.parquet as it finishes."""
     from ray import tune
 
-    param_space, searcher, num_samples = tune_space(definition, spec, run.path, rows)
+    param_space, searcher, num_samples = tune_space(definition, spec, run, rows)
     if num_samples == 0:
         return
     sw = spec.sweep
@@ -353,11 +353,11 @@ def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None, o
         try:
             definition = dict(spec.sweep.definition)
             if definition.get("searcher") == "optuna" and spec.sweep.optuna_storage:
-                optuna_storage(spec, run.path)  # a bad URL is refused here, not after the run folder is written
+                optuna_storage(spec, run)  # a bad URL is refused here, not after the run folder is written
             prepared = _prepare(spec)
             meta, rows = _start(spec, config_yaml, prepared, definition, run), []
         except BaseException:
-            if not (run.path / RUN_CONFIG).exists():  # claimed, never started: a corrected rerun may take the id
+            if not run.config_file.exists():  # claimed, never started: a corrected rerun may take the id
                 shutil.rmtree(run.path, ignore_errors=True)
                 if aside is not None:  # overwrite=true: the earlier run comes back
                     put_back(aside, run.path)
@@ -380,11 +380,11 @@ def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None, o
     try:
         _fit(spec, definition, run, prepared, rows, attempt=len(meta.get("resumed", [])))
         if len(rows) < spec.sweep.num_trials:
-            raise Interrupted(f"{len(rows)} of {spec.sweep.num_trials} trials recorded in {run.path / RUN_TRIALS}")
+            raise Interrupted(f"{len(rows)} of {spec.sweep.num_trials} trials recorded in {run.trials_file}")
         trials = trials_frame(rows)
         pareto = pareto_frame(trials)
-        write_parquet(trials, run.path / RUN_TRIALS)
-        write_parquet(pareto, run.path / RUN_PARETO)
+        write_parquet(trials, run.trials_file)
+        write_parquet(pareto, run.pareto_file)
         meta.update(status="complete", finished=dt.datetime.now().isoformat(timespec="seconds"), sweep_wall_s=time.time() - start)
     except KeyboardInterrupt as exc:  # Interrupted (trials missing) is one too
         meta.update(status="interrupted", error=f"{type(exc).__name__}: {exc}", resume=f"resume={run.path}")
@@ -394,25 +394,25 @@ def run_sweep(spec: RunSpec, config_yaml: str, resume_dir: Path | None = None, o
         raise
     finally:
         run.write_metadata(meta)
-    print_summary(trials, pareto, run.path)
-    check_some_trial_finished(trials, run.path)
+    print_summary(trials, pareto, run)
+    check_some_trial_finished(trials, run.trials_file)
     return run.path
 
 
-def check_some_trial_finished(trials: Any, run_dir: Path) -> None:
+def check_some_trial_finished(trials: Any, path: Path) -> None:
     """A sweep whose every trial failed is not a success: one line with the most common error (each trial's is in
-    trials.parquet)."""
+    trials.parquet at `path`)."""
     failed = trials[trials["status"] != "ok"]
     if len(failed) < len(trials) or trials.empty:
         return
     counts = failed["error"].fillna("").map(lambda e: (e.strip().splitlines() or ["no message"])[-1][:200]).value_counts()
     raise AutoCompressError(
         f"every one of the {len(trials)} trials failed (most often: {counts.index[0]!r}, {int(counts.iloc[0])}x); each trial's "
-        f"error is in {run_dir / RUN_TRIALS}; check the constraints and settings before rerunning"
+        f"error is in {path}; check the constraints and settings before rerunning"
     )
 
 
-def print_summary(trials: Any, pareto: Any, run_dir: Path) -> None:
+def print_summary(trials: Any, pareto: Any, run: RunPaths) -> None:
     ok = int((trials["status"] == "ok").sum())
     feasible = int(trials["feasible"].sum())
     print(f"\n{len(trials)} trials: {ok} finished, {feasible} feasible, {len(pareto)} on a Pareto front")
@@ -421,4 +421,4 @@ def print_summary(trials: Any, pareto: Any, run_dir: Path) -> None:
         table = pareto[cols].copy()
         table["params"] = (table["params"] / 1e6).round(1).astype(str) + "M"
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    print(f"\ntrials: {run_dir / RUN_TRIALS}\npareto: {run_dir / RUN_PARETO}")
+    print(f"\ntrials: {run.trials_file}\npareto: {run.pareto_file}")
