@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -233,58 +234,19 @@ def test_killed_driver_and_lost_disk_resume_from_shared_storage(tmp_path: Path) 
     assert states.count("COMPLETE") >= 3 and "RUNNING" not in states, states
 
 
-# Loaded by every process of a sweep started with it on PYTHONPATH: the first search runs, every later one
-# waits (up to 5 minutes) for a file that never comes, so a test's interrupt after "trial 1/N" always
-# lands on a running sweep, however fast or loaded the machine (the race issue 13 found).
-GATE = """
+def search_patch(before: str) -> str:
+    """A sitecustomize.py that every Python process of a sweep started with its folder on PYTHONPATH loads (the driver and
+    Ray's workers inherit it): each call of the search, `run_search(*args, **kwargs)`, first runs the code `before`."""
+    body = textwrap.indent(textwrap.dedent(before).strip(), " " * 16)
+    return f"""
 import os
 import sys
 import time
 from importlib.abc import MetaPathFinder
 from importlib.machinery import PathFinder
 
-FOLDER = os.environ.get("AUTOCOMPRESS_TEST_GATE")
 
-
-class HoldLaterSearches(MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name != "autocompress.search.differentiable" or not FOLDER:
-            return None
-        spec = PathFinder.find_spec(name, path)
-        exec_module = spec.loader.exec_module
-
-        def patched(module):
-            exec_module(module)
-            real = module.run_search
-
-            def run_search(*args, **kwargs):
-                try:
-                    os.mkdir(os.path.join(FOLDER, "first"))  # atomic: exactly one search gets through
-                except FileExistsError:
-                    deadline = time.time() + 300
-                    while time.time() < deadline and not os.path.exists(os.path.join(FOLDER, "open")):
-                        time.sleep(0.2)
-                return real(*args, **kwargs)
-
-            module.run_search = run_search
-
-        spec.loader.exec_module = patched
-        return spec
-
-
-sys.meta_path.insert(0, HoldLaterSearches())
-"""
-
-
-# Loaded by every Python process of the sweep (driver and Ray workers inherit PYTHONPATH): the search of
-# the trial with margin 0.3 raises, as a search that fails on a worker would.
-FAULT = """
-import sys
-from importlib.abc import MetaPathFinder
-from importlib.machinery import PathFinder
-
-
-class FailOneMargin(MetaPathFinder):
+class PatchSearch(MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name != "autocompress.search.differentiable":
             return None
@@ -295,10 +257,9 @@ class FailOneMargin(MetaPathFinder):
             exec_module(module)
             real = module.run_search
 
-            def run_search(model, inputs, cost_model, search, settings, **kwargs):
-                if settings.margin == 0.3:
-                    raise RuntimeError("injected search failure")
-                return real(model, inputs, cost_model, search, settings, **kwargs)
+            def run_search(*args, **kwargs):
+{body}
+                return real(*args, **kwargs)
 
             module.run_search = run_search
 
@@ -306,8 +267,32 @@ class FailOneMargin(MetaPathFinder):
         return spec
 
 
-sys.meta_path.insert(0, FailOneMargin())
+sys.meta_path.insert(0, PatchSearch())
 """
+
+
+# The first search runs, every later one waits (up to 5 minutes) for a file that never comes, so a test's interrupt
+# after "trial 1/N" always lands on a running sweep, however fast or loaded the machine (the race issue 13 found).
+GATE = search_patch(
+    """
+    folder = os.environ["AUTOCOMPRESS_TEST_GATE"]
+    try:
+        os.mkdir(os.path.join(folder, "first"))  # atomic: exactly one search gets through
+    except FileExistsError:
+        deadline = time.time() + 300
+        while time.time() < deadline and not os.path.exists(os.path.join(folder, "open")):
+            time.sleep(0.2)
+    """
+)
+
+# The search of the trial with margin 0.3 raises, as a search that fails on a worker would.
+FAULT = search_patch(
+    """
+    settings = kwargs["settings"] if "settings" in kwargs else args[4]  # run_search(model, inputs, cost_model, search, settings)
+    if settings.margin == 0.3:
+        raise RuntimeError("injected search failure")
+    """
+)
 
 
 @pytest.mark.ray
