@@ -66,6 +66,20 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_UnitScheduler(), "autocompress-unit-scheduler")
 
 
+def load_benchmark(name: str) -> Any:
+    """benchmarks/<name>.py as a module, with benchmarks/ on sys.path as `python benchmarks/<name>.py` has it (for its
+    common.py)."""
+    import importlib.util
+
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 CONF = ROOT / "conf"
 __all__ = ["compose_dict", "compose_spec"]
 SHARED_DATA = ROOT.parent / "shared" / "data"

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -14,17 +12,13 @@ import pytest
 from autocompress.baselines.comparison import job_from_dict
 from autocompress.config.compose import compose_dict
 
+from .conftest import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def headline() -> ModuleType:
-    if str(ROOT / "benchmarks") not in sys.path:  # as `python benchmarks/headline.py` has it: benchmarks/common.py beside it
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("headline", ROOT / "benchmarks" / "headline.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("headline")
 
 
 def test_the_shipped_protocol_composes_for_every_scenario() -> None:
