@@ -32,6 +32,16 @@ RUN_JOURNAL = "optuna.journal"  # Optuna's study, when the sweep's searcher is O
 RUN_FILES = (RUN_CONFIG, RUN_METADATA, RUN_RANKING, RUN_TRIALS, RUN_PARETO, RUN_CURVES, RUN_JOURNAL)  # what a mirror copies
 
 
+class _RunFile:
+    """One file of a run folder as an attribute of RunPaths: its name joined to the folder."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, run: Any, owner: Any = None) -> Path:
+        return Path(run.path) / self.name
+
+
 @dataclass(frozen=True)
 class RunPaths:
     """A run folder and where each of its files lives: the one place a run file's name is joined to its folder
@@ -39,37 +49,14 @@ class RunPaths:
 
     path: Path
 
-    @property
-    def config_file(self) -> Path:
-        return self.path / RUN_CONFIG
-
-    @property
-    def metadata_file(self) -> Path:
-        return self.path / RUN_METADATA
-
-    @property
-    def ranking_file(self) -> Path:
-        return self.path / RUN_RANKING
-
-    @property
-    def trials_file(self) -> Path:
-        return self.path / RUN_TRIALS
-
-    @property
-    def pareto_file(self) -> Path:
-        return self.path / RUN_PARETO
-
-    @property
-    def curves_file(self) -> Path:
-        return self.path / RUN_CURVES
-
-    @property
-    def verify_dir(self) -> Path:
-        return self.path / RUN_VERIFY
-
-    @property
-    def journal_file(self) -> Path:
-        return self.path / RUN_JOURNAL
+    config_file = _RunFile(RUN_CONFIG)
+    metadata_file = _RunFile(RUN_METADATA)
+    ranking_file = _RunFile(RUN_RANKING)
+    trials_file = _RunFile(RUN_TRIALS)
+    pareto_file = _RunFile(RUN_PARETO)
+    curves_file = _RunFile(RUN_CURVES)
+    verify_dir = _RunFile(RUN_VERIFY)
+    journal_file = _RunFile(RUN_JOURNAL)
 
 
 def log(msg: str) -> None:

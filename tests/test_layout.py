@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from autocompress.io import RUN_TRIALS, RunPaths
+from autocompress.results.runcheck import CheckedRun
+
 PKG = Path(__file__).resolve().parents[1] / "autocompress"
 # The stage packages in the order data flows through them; errors.py, io.py and cluster.py (the Ray connection) lie below
 # all of them. model/ comes after arch/ (its DeciLM files are written from an Architecture), and results/ (the run
@@ -168,7 +171,8 @@ def test_run_file_paths_are_joined_in_one_place() -> None:
         for m in re.finditer(rf"/ ({names})", p.read_text())
     ]
     assert not joins, f"run file paths joined outside io.RunPaths: {joins}"
-    assert "/ RUN_TRIALS" in (PKG / "io.py").read_text()  # the one place, so the pattern above matches what it should
+    assert re.search(rf"/ ({names})", 'run / RUN_TRIALS, run / "pareto.parquet"')  # the pattern finds what it should
+    assert RunPaths(Path("r")).trials_file == Path("r") / RUN_TRIALS and CheckedRun(Path("r"), {}, None).verify_dir == Path("r/verify")
 
 
 def test_no_module_is_a_big_room() -> None:
