@@ -75,7 +75,7 @@ class RunFolder(RunPaths):
         try:
             data: dict[str, Any] = json.loads(self.metadata_file.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"{self.path}/metadata.json is unreadable ({exc}); this run cannot be resumed, start a new one") from exc
+            raise ConfigError(f"{self.metadata_file} is unreadable ({exc}); this run cannot be resumed, start a new one") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"{self.path}/metadata.json holds a JSON {type(data).__name__}, not an object; this run cannot be resumed")
         return data
@@ -260,18 +260,19 @@ def resume_target(current: dict[str, Any], resume: Any, overrides: list[str]) ->
         run_dir = results_dir.joinpath(*remote.split("/")[-2:])
     else:
         run_dir = Path(str(resume)).expanduser().resolve()
-    if not RunPaths(run_dir).config_file.exists() and not (remote and fetch_dir(remote, run_dir)):
+    config_file = RunPaths(run_dir).config_file
+    if not config_file.exists() and not (remote and fetch_dir(remote, run_dir)):
         where = f"{run_dir} (nor {remote})" if remote else str(run_dir)
         raise ConfigError(f"resume={resume}: {where} holds no config.yaml; give the folder of a sweep run (results/<scenario>/<run_id>)")
     checked = check_run_folder(run_dir, status="resumable", tables=(RUN_TRIALS,))  # before the model is loaded, nothing written
     check_resumable(run_dir, checked.metadata)  # a finished run, or one another process runs: refused now, not after preparing
-    loaded = OmegaConf.load(RunPaths(run_dir).config_file)
+    loaded = OmegaConf.load(config_file)
     assert isinstance(loaded, DictConfig)
     stored = plain(loaded)
     conflicts = _override_conflicts(current, stored, overrides)
     if conflicts:
         raise ConfigError(
-            f"resume: a resumed run keeps the settings in {RunPaths(run_dir).config_file}, and these overrides differ: "
+            f"resume: a resumed run keeps the settings in {config_file}, and these overrides differ: "
             f"{'; '.join(conflicts[:6])}. Drop them (only ray.address and sweep.{{{','.join(EXECUTION_KEYS[1:])}}} may change)"
         )
     given = {o.split("=", 1)[0].lstrip("+~").replace("ray.address", "sweep.ray_address") for o in overrides}
