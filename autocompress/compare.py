@@ -51,7 +51,7 @@ from autocompress.baselines.stages import Stages, check_compare_out, open_compar
 from autocompress.config.build import overwrite_flag
 from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
-from autocompress.io import RunPaths, log, write_json, write_parquet
+from autocompress.io import log, write_json, write_parquet
 from autocompress.quality.tasks import evaluation_paths
 from autocompress.results.store import load_run, selection_quality
 
@@ -82,7 +82,7 @@ def autocompress_probe_stage(job: CompareJob, ctx: Context, candidates: pd.DataF
     from autocompress.checkpoints.pipeline import ExportRequest, export
     from autocompress.quality.probe import chosen
 
-    trials = RunPaths(ctx.run.path).trials_file
+    trials = ctx.run.trials_file
 
     def writer(trial: str) -> Callable[[Path], object]:
         return lambda folder: export(ExportRequest(trials, folder, trial=trial, overwrite=True))
@@ -282,7 +282,7 @@ def _autocompress_model(job: CompareJob, ctx: Context, out: Path, stages: Stages
         pick = json.loads(path.read_text())["chosen"]
         ctx.row = dict(candidates.set_index("trial_id", drop=False).loc[pick])
     row = ctx.row
-    request = ExportRequest(RunPaths(ctx.run.path).trials_file, out / "autocompress" / "pruned", trial=row["trial_id"], overwrite=True)
+    request = ExportRequest(ctx.run.trials_file, out / "autocompress" / "pruned", trial=row["trial_id"], overwrite=True)
     stages.run(
         "autocompress/pruned", {"trial": row["trial_id"], "architecture": row["architecture"]}, request.out, partial(export, request)
     )
@@ -330,8 +330,7 @@ def _runner_ups(job: CompareJob, ctx: Context, out: Path, stages: Stages, models
                 log("compare.runner_up: AutoCompress has no second candidate; none distilled")
                 continue
             row = dict(ctx.run.trials.set_index("trial_id", drop=False).loc[trial])
-            trials = RunPaths(ctx.run.path).trials_file
-            request = ExportRequest(trials, out / "autocompress" / "runner_up" / "pruned", trial=trial, overwrite=True)
+            request = ExportRequest(ctx.run.trials_file, out / "autocompress" / "runner_up" / "pruned", trial=trial, overwrite=True)
             key = {"trial": trial, "architecture": row["architecture"]}
             stages.run("autocompress/runner_up/pruned", key, request.out, partial(export, request))
             arch = arch_of(ctx, row["architecture"])

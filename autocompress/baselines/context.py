@@ -15,14 +15,14 @@ from autocompress.config.families import HYBRID_MOE, LLAMA, family
 from autocompress.config.metrics import Constraint
 from autocompress.config.schema import RunSpec
 from autocompress.errors import ConfigError
-from autocompress.results.store import load_run, selection_quality
+from autocompress.results.store import Run, load_run, selection_quality
 
 
 @dataclass
 class Context:
     """What every stage shares: the run, its spec and trial, the base model, space, cost model, constraints, calibration tokens."""
 
-    run: Any  # results.Run
+    run: Run
     spec: RunSpec
     row: dict[str, Any]  # the AutoCompress trial
     model: Any  # the unpruned model (teacher), fp32, frozen
@@ -89,7 +89,7 @@ def build_context(job: CompareJob, run_dir: Path) -> Context:
     return context
 
 
-def llama_context(job: CompareJob, run: Any, spec: RunSpec, row: dict[str, Any]) -> Context:
+def llama_context(job: CompareJob, run: Run, spec: RunSpec, row: dict[str, Any]) -> Context:
     """The Llama family's compare stage: the base model, the run's space and cost model (checked against the one that
     judged its trials), the absolute constraints and the text splits compare reads."""
     from autocompress.arch.space import Architecture, SearchSpace
@@ -110,7 +110,7 @@ def llama_context(job: CompareJob, run: Any, spec: RunSpec, row: dict[str, Any])
     return Context(run, spec, row, base.model, base.tokenizer, space, cost_model, constraints, data, base_arch=space.base)
 
 
-def hybrid_context(job: CompareJob, run: Any, spec: RunSpec, row: dict[str, Any]) -> Context:
+def hybrid_context(job: CompareJob, run: Run, spec: RunSpec, row: dict[str, Any]) -> Context:
     """The context of a hybrid-MoE run: its base checkpoint, the sweep's hybrid roofline (checked against the trial's figures)."""
     import math
 

@@ -130,10 +130,10 @@ def load(run_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 @dataclass(frozen=True)
-class Run:
-    """One finished sweep run: its trials, Pareto points, metadata.json and (when it still parses) its RunSpec."""
+class Run(RunPaths):
+    """One finished sweep run (its files' paths from RunPaths): its trials, Pareto points, metadata.json and (when it still
+    parses) its RunSpec."""
 
-    path: Path
     trials: pd.DataFrame
     pareto: pd.DataFrame
     metadata: dict[str, Any]
