@@ -57,8 +57,9 @@ def run_demo(results: Path) -> tuple[Path, float]:
 
 
 def breakdown(run: Path, wall: float | None) -> dict[str, Any]:
-    meta = json.loads(RunPaths(run).metadata_file.read_text())
-    trials = pd.read_parquet(RunPaths(run).trials_file)
+    files = RunPaths(run)
+    meta = json.loads(files.metadata_file.read_text())
+    trials = pd.read_parquet(files.trials_file)
     ok = trials[trials["status"] == "ok"]
     prepare = {k: round(v, 1) for k, v in (meta.get("prepare_seconds") or {}).items()}
     sweep = float(meta.get("sweep_wall_s", float("nan")))

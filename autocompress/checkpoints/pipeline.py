@@ -81,12 +81,13 @@ def _with_trials_columns(path: Path, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_ranking(run_dir: Path, base: Architecture) -> Ranking:
-    path = RunPaths(run_dir).ranking_file
+    run = RunPaths(run_dir)
+    path = run.ranking_file
     if not path.exists():
         raise ConfigError(f"{path} does not exist: this run was made before runs kept their importance ranking; run the sweep again")
     ranking = Ranking.load(path)
     if ranking.hidden.numel() != base.hidden_size or tuple(ranking.ffn.shape) != (base.num_layers, base.blocks[0].ffn):
-        raise ConfigError(f"{path} does not match the base model of {RunPaths(run_dir).config_file}")
+        raise ConfigError(f"{path} does not match the base model of {run.config_file}")
     return ranking
 
 
