@@ -11,6 +11,8 @@ import pytest
 from autocompress.io import RUN_TRIALS, RunPaths
 from autocompress.results.runcheck import CheckedRun
 
+from .conftest import load_benchmark
+
 PKG = Path(__file__).resolve().parents[1] / "autocompress"
 # The stage packages in the order data flows through them; errors.py, io.py and cluster.py (the Ray connection) lie below
 # all of them. model/ comes after arch/ (its DeciLM files are written from an Architecture), and results/ (the run
@@ -193,18 +195,9 @@ def test_every_benchmark_result_records_its_conditions() -> None:
 
 def test_a_record_counts_the_cpu_others_used(monkeypatch: pytest.MonkeyPatch) -> None:
     """`shared` is measured: CPU seconds of processes outside the run's own tree during the run, per wall second."""
-    import importlib.util
     import os
-    import sys
 
-    sys.path.insert(0, str(PKG.parent / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("common", PKG.parent / "benchmarks" / "common.py")
-        assert spec is not None and spec.loader is not None
-        common = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(common)
-    finally:
-        sys.path.remove(str(PKG.parent / "benchmarks"))
+    common = load_benchmark("common")
     me, child, other, newcomer = os.getpid(), 10**7 + 1, 10**7 + 2, 10**7 + 3
     clock = iter([100.0, 110.0])
     monkeypatch.setattr(common.time, "time", lambda: next(clock))
