@@ -10,7 +10,10 @@ budget (seconds to its pick), and AutoCompress minus each method with its 95% in
 bootstrap over items and seeds).
 
 Run it from a separate `git worktree` at the commit to report, so other work cannot change it midway; it refuses a
-tree with uncommitted changes (the commit would not be what ran). The long runs are resumable: rerun the same command.
+tree with uncommitted changes (the commit would not be what ran). The long runs are resumable: rerun the same command;
+a stage an earlier run built keeps the seconds its line in `<scenario>.log` gives. `--rerecord --scenario S` writes S's
+JSON again with this file's record (for a JSON an older headline.py wrote), keeping its commit and protocol; `--table`
+writes docs/results.md's table from the JSONs.
 
     git worktree add ../headline HEAD && cd ../headline
     PYTHONPATH=$PWD ../main/.venv/bin/python benchmarks/headline.py --scenario rtx5070_coding
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -83,11 +87,27 @@ def _runner_up(frame: pd.DataFrame, key: str) -> dict[str, Any] | None:
     return fields | {k: float(row[k]) for k in ("test_kl", "test_ppl", "kl_pruned") if k in row}
 
 
-def record(scenario: str, compare_dir: Path, proto: dict[str, Any], code: str, seconds: dict[str, float]) -> dict[str, Any]:
-    """The headline JSON of one scenario, from compare's outputs (compare.json, compare.parquet)."""
+BUILT = re.compile(r"^\[autocompress\] (?P<stage>\S+): (?P<seconds>\d+)s -> ", re.MULTILINE)  # compare's line for a built stage
+
+
+def built_seconds(log: Path) -> dict[str, float]:
+    """Seconds each compare stage took when it was built, from the scenario's log (`<stage>: <N>s -> <target>`; a rerun
+    that reuses the stage says `reusing` instead), so a pick's cost survives the headline's restarts. An attempt
+    that was interrupted prints no such line and is not counted; a stage built twice counts its last build."""
+    if not log.exists():
+        return {}
+    return {m["stage"]: float(m["seconds"]) for m in BUILT.finditer(log.read_text(errors="replace").replace("\r", "\n"))}
+
+
+def record(
+    scenario: str, compare_dir: Path, proto: dict[str, Any], code: str, seconds: dict[str, float], log: Path, run_dir: Path
+) -> dict[str, Any]:
+    """The headline JSON of one scenario, from compare's outputs (compare.json, compare.parquet); the seconds of stages
+    an earlier run built come from `log`, the sweep's from its run folder."""
     summary = json.loads((compare_dir / "compare.json").read_text())
     frame = pd.read_parquet(compare_dir / "compare.parquet").set_index("model")
-    stage_seconds = summary.get("seconds", {})
+    built = built_seconds(log)
+    stage_seconds = {k: built.get(k, v) if v == "reused" else v for k, v in summary.get("seconds", {}).items()}
     methods: dict[str, Any] = {}
     for name in summary["methods"]:
         row = frame.loc[name]
@@ -101,12 +121,14 @@ def record(scenario: str, compare_dir: Path, proto: dict[str, Any], code: str, s
             "label": str(row["label"]),
             "runner_up": _runner_up(frame, f"{name}/runner_up"),  # by the method's own selection score (compare.runner_up)
             "budget": {
-                "pick_seconds": {k: stage_seconds[k] for k in pick},  # "reused": made by an earlier run of this command
+                "pick_seconds": {k: stage_seconds[k] for k in pick},  # "reused": an earlier run built it and its log is gone
                 **summary.get(name, {}).get("budget", {}),  # selection-split evaluations, as each pick counted them
             },
         }
     if "autocompress" in methods:
-        methods["autocompress"]["budget"]["sweep_seconds"] = seconds.get("sweep", "reused")
+        meta = RunPaths(run_dir).metadata_file
+        sweep = json.loads(meta.read_text()).get("sweep_wall_s") if meta.exists() else None
+        methods["autocompress"]["budget"]["sweep_seconds"] = seconds.get("sweep", sweep or "reused")
     base = frame.loc["base"]
     return {
         "scenario": scenario,
@@ -184,6 +206,22 @@ def fill_page(page: Path, folder: Path) -> None:
     page.write_text(f"{head}{TABLE_START}\n{table(folder, page)}\n{TABLE_END}{tail}")
 
 
+def rerecord(scenarios: list[str], results: Path, out: Path) -> None:
+    """Write each scenario's JSON in `out` again from its comparison in `results` with this file's `record`, keeping
+    what the first record says about the run (commit, protocol, seconds); the numbers are compare's, not rerun."""
+    if not scenarios:
+        raise SystemExit("error: --rerecord needs --scenario (which JSONs to write again)")
+    for scenario in scenarios:
+        path, compare_dir = out / f"{scenario}.json", results / scenario / "compare"
+        if not path.exists() or not (compare_dir / "compare.json").exists():
+            raise SystemExit(f"error: --rerecord {scenario}: needs {path} and a finished {compare_dir}; run the headline first")
+        old = json.loads(path.read_text())
+        log, run_dir = results / f"{scenario}.log", results / scenario / RUN_ID
+        result = record(scenario, compare_dir, old["protocol"], old["code"], old["seconds"], log, run_dir)
+        path.write_text(json.dumps(result | {"cpu": old["cpu"], "date": old["date"]}, indent=1, default=str) + "\n")
+        print(f"{path}: recorded again from {compare_dir} (code {old['code'][:12]})")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--protocol", default=str(PROTOCOL))
@@ -194,10 +232,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--table", metavar="PAGE", nargs="?", const="docs/results.md", help="only write the table of --out's JSONs into PAGE"
     )
+    parser.add_argument(
+        "--rerecord",
+        action="store_true",
+        help="only write each --scenario's JSON in --out again from its finished comparison and log, keeping the commit, "
+        "protocol and seconds it records (for a JSON an older headline.py wrote; nothing is rerun)",
+    )
     args = parser.parse_args(argv)
     if args.table:
         fill_page(ROOT / args.table, ROOT / args.out)
         print(f"{args.table}: the headline table from {args.out}")
+        return
+    if args.rerecord:
+        rerecord(args.scenario or [], (ROOT / args.results_dir).resolve(), ROOT / args.out)
         return
     proto = protocol(Path(args.protocol))
     unknown = [s for s in args.scenario or [] if s not in proto["scenarios"]]
@@ -221,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
         cmd = [py, "-m", "autocompress.compare", *shared, *proto["compare"], f"compare.run={run_dir}", f"compare.out={compare_dir}"]
         if not (compare_dir / "compare.json").exists():  # a finished comparison is recorded again, not rerun
             seconds["compare"] = common.run_logged(cmd, log, ROOT, RERUN)
-        result = record(scenario, compare_dir, proto, code, seconds)
+        result = record(scenario, compare_dir, proto, code, seconds, log, run_dir)
         (out / f"{scenario}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
         diffs = ", ".join(f"vs {m}: {d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]" for m, d in result["diff"].items())
         print(f"{scenario}: AutoCompress minus each method, benchmark average (points): {diffs}", flush=True)

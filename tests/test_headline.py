@@ -66,14 +66,51 @@ def test_a_compare_output_becomes_the_headline_record(tmp_path: Path) -> None:
     }
     (tmp_path / "compare.json").write_text(json.dumps(summary))
     proto = {"scenarios": ["rtx5070_coding"], "overrides": [], "compare": [], "apart": {"openbookqa": "seen"}}
-    rec = hl.record("rtx5070_coding", tmp_path, proto, "abc123", {"compare": 60.0})
+    missing = tmp_path / "absent"
+    rec = hl.record("rtx5070_coding", tmp_path, proto, "abc123", {"compare": 60.0}, missing / "x.log", missing)
     assert rec["code"] == "abc123" and rec["seeds"] == [0, 1, 2] and rec["items"]["apart"] == {"openbookqa": "seen"}
     mt = rec["methods"]["minitron"]
     assert (mt["params"], mt["average"], mt["test_kl"], mt["test_ppl"]) == (58, 43.0, 0.5, 15.0)
     assert mt["budget"]["pick_seconds"] == {"minitron/pruned": 12.0}  # the pick, not its distillation or evaluation
+    assert rec["methods"]["autocompress"]["budget"]["pick_seconds"] == {"autocompress/probe": "reused"}
     assert rec["methods"]["autocompress"]["budget"]["sweep_seconds"] == "reused"
+    # A stage an earlier run built keeps the seconds that run's log line gives; the sweep's come from its run folder.
+    log, run_dir = tmp_path / "rtx5070_coding.log", tmp_path / "headline"
+    log.write_text(
+        "[autocompress] autocompress/probe: 1194s -> /x/probe.json\nstep 3/8\r[autocompress] minitron/pruned: 99s -> /x/m\n"
+        "[autocompress] autocompress/probe: reusing /x/probe.json\n"
+    )
+    run_dir.mkdir()
+    (run_dir / "metadata.json").write_text(json.dumps({"status": "complete", "sweep_wall_s": 3762.2}))
+    rec = hl.record("rtx5070_coding", tmp_path, proto, "abc123", {}, log, run_dir)
+    assert rec["methods"]["autocompress"]["budget"] == {"pick_seconds": {"autocompress/probe": 1194.0}, "sweep_seconds": 3762.2}
+    assert rec["methods"]["minitron"]["budget"]["pick_seconds"] == {"minitron/pruned": 12.0}  # this run's own seconds stay
     assert rec["diff"]["minitron"] == {"mean": 2.0, "low": 0.5, "high": 3.5}
     assert mt["runner_up"]["average"] == 44.0 and mt["runner_up"]["label"] == "M2" and rec["methods"]["autocompress"]["runner_up"] is None
+
+
+def test_rerecord_keeps_the_run_and_fills_what_the_log_knows(tmp_path: Path) -> None:
+    """`--rerecord` writes a JSON again from its comparison with the current record, keeping its commit, protocol,
+    seconds, CPU and date; it refuses a scenario without a JSON or a finished comparison."""
+    hl = headline()
+    results, out = tmp_path / "runs", tmp_path / "out"
+    compare_dir = results / "rtx5070_coding" / "compare"
+    compare_dir.mkdir(parents=True)
+    out.mkdir()
+    rows = [{"model": m, "label": m, "params": 9, "average": 1.0, "kl_pruned": 0.0} for m in ("base", "autocompress")]
+    pd.DataFrame(rows).to_parquet(compare_dir / "compare.parquet")
+    summary = {"methods": ["autocompress"], "seeds": [0], "evaluate": {}, "diff_vs": {}, "seconds": {"autocompress/probe": "reused"}}
+    (compare_dir / "compare.json").write_text(json.dumps(summary))
+    (results / "rtx5070_coding.log").write_text("[autocompress] autocompress/probe: 70s -> /x\n")
+    proto = {"scenarios": ["rtx5070_coding"], "overrides": ["a=1"], "compare": [], "apart": {}}
+    first = {"code": "1021c2e", "protocol": proto, "seconds": {"compare": 5.0}, "cpu": {"model": "then"}, "date": "2026-12-06"}
+    with pytest.raises(SystemExit, match=r"needs .*rtx5070_coding\.json and a finished"):
+        hl.rerecord(["rtx5070_coding"], results, out)
+    (out / "rtx5070_coding.json").write_text(json.dumps(first))
+    hl.rerecord(["rtx5070_coding"], results, out)
+    rec = json.loads((out / "rtx5070_coding.json").read_text())
+    assert {k: rec[k] for k in first} == first
+    assert rec["methods"]["autocompress"]["budget"]["pick_seconds"] == {"autocompress/probe": 70.0}
 
 
 def test_the_results_page_table_comes_from_the_headline_jsons(tmp_path: Path) -> None:
