@@ -36,7 +36,7 @@ import pandas as pd
 import yaml
 
 from autocompress.config import cpuinfo
-from autocompress.io import RunPaths
+from autocompress.io import RunPaths, write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RERUN = "rerun to go on from the finished stages"  # what a failed stage's error line adds
@@ -218,7 +218,7 @@ def rerecord(scenarios: list[str], results: Path, out: Path) -> None:
         old = json.loads(path.read_text())
         log, run_dir = results / f"{scenario}.log", results / scenario / RUN_ID
         result = record(scenario, compare_dir, old["protocol"], old["code"], old["seconds"], log, run_dir)
-        path.write_text(json.dumps(result | {"cpu": old["cpu"], "date": old["date"]}, indent=1, default=str) + "\n")
+        write_text(json.dumps(result | {"cpu": old["cpu"], "date": old["date"]}, indent=1, default=str) + "\n", path)  # atomic
         print(f"{path}: recorded again from {compare_dir} (code {old['code'][:12]})")
 
 
