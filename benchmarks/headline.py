@@ -206,6 +206,11 @@ def fill_page(page: Path, folder: Path) -> None:
     page.write_text(f"{head}{TABLE_START}\n{table(folder, page)}\n{TABLE_END}{tail}")
 
 
+def write_record(result: dict[str, Any], path: Path) -> None:
+    """A scenario's headline JSON, written atomically (it may replace the only record of a finished run)."""
+    write_text(json.dumps(result, indent=1, default=str) + "\n", path)
+
+
 def rerecord(scenarios: list[str], results: Path, out: Path) -> None:
     """Write each scenario's JSON in `out` again from its comparison in `results` with this file's `record`, keeping
     what the first record says about the run (commit, protocol, seconds); the numbers are compare's, not rerun."""
@@ -218,7 +223,7 @@ def rerecord(scenarios: list[str], results: Path, out: Path) -> None:
         old = json.loads(path.read_text())
         log, run_dir = results / f"{scenario}.log", results / scenario / RUN_ID
         result = record(scenario, compare_dir, old["protocol"], old["code"], old["seconds"], log, run_dir)
-        write_text(json.dumps(result | {"cpu": old["cpu"], "date": old["date"]}, indent=1, default=str) + "\n", path)  # atomic
+        write_record(result | {"cpu": old["cpu"], "date": old["date"]}, path)
         print(f"{path}: recorded again from {compare_dir} (code {old['code'][:12]})")
 
 
@@ -269,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
         if not (compare_dir / "compare.json").exists():  # a finished comparison is recorded again, not rerun
             seconds["compare"] = common.run_logged(cmd, log, ROOT, RERUN)
         result = record(scenario, compare_dir, proto, code, seconds, log, run_dir)
-        (out / f"{scenario}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+        write_record(result, out / f"{scenario}.json")
         diffs = ", ".join(f"vs {m}: {d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]" for m, d in result["diff"].items())
         print(f"{scenario}: AutoCompress minus each method, benchmark average (points): {diffs}", flush=True)
     print(f"results: {out}; runs and logs: {results}")
