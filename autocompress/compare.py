@@ -158,14 +158,42 @@ def baseline_stage(job: CompareJob, ctx: Context, name: str, out: Path) -> None:
     )
     title = f"# {ctx.spec.model.name}, pruned by the {pick.label} baseline for `{ctx.spec.scenario.name}`"
     out.mkdir(parents=True, exist_ok=True)
-    summary |= report.scored_and_written(name, pick, out / "pruned", f"{title}\n\n{shape}; cost model `{ctx.cost_model.id}`.")
+    card = f"{title}\n\n{shape}; cost model `{ctx.cost_model.id}`."
+    summary |= report.scored_and_written(name, pick, out / "pruned", card) | {"card": card}
     for table, frame in pick.tables.items():
         write_parquet(frame, out / f"{table}.parquet")
     if pick.runner_up is not None:  # compare.runner_up
         card = f"# {ctx.spec.model.name}, the {pick.label} baseline's runner-up for `{ctx.spec.scenario.name}`"
         scores = report.scored_and_written(name, pick.runner_up, out / "runner_up" / "pruned", card)
-        summary["runner_up"] = pick.runner_up.summary() | scores
+        summary["runner_up"] = pick.runner_up.summary() | scores | {"card": card}
+    up = pick.runner_up
+    if (
+        pick.ranking is not None
+        and pick.write is None
+        and (up is None or (up.write is None and up.ranking is not None and up.ranking.same_as(pick.ranking)))
+    ):
+        pick.ranking.save(out / RANKING)  # what rewrite_checkpoints slices by (one ranking for the pick and its runner-up)
     write_json(summary, out / f"{name}.json")
+
+
+RANKING = "ranking.safetensors"  # a baseline's unit order, kept beside <name>.json so its checkpoints can be made again
+
+
+def rewrite_checkpoints(ctx: Context, folder: Path, name: str) -> bool:
+    """Make a baseline's checkpoints (its pick's, its runner-up's) again from `<name>.json` and its ranking, without
+    picking again; False where they cannot be (no ranking kept: a pick that writes its own checkpoint, or an older one)."""
+    from autocompress.arch.masking import Ranking
+    from autocompress.baselines.minitron import write_checkpoint
+
+    done = folder / f"{name}.json"
+    if not (folder / RANKING).exists() or not done.exists():
+        return False
+    summary, ranking = json.loads(done.read_text()), Ranking.load(folder / RANKING)
+    picks = [(summary, folder / "pruned"), *([(summary["runner_up"], folder / "runner_up" / "pruned")] if summary.get("runner_up") else [])]
+    for pick, path in picks:
+        arch = arch_of(ctx, pick["architecture"])
+        write_checkpoint(ctx.model, ctx.tokenizer, ctx.space, ranking, arch, path, ctx.data.report[:4], pick["card"])
+    return True
 
 
 class _ReportSplit:
@@ -305,7 +333,13 @@ def _baseline_model(job: CompareJob, ctx: Context, out: Path, stages: Stages, na
         key["probe"] = _probe_inputs(job, ctx)
     if job.compare.runner_up:
         key["runner_up"] = True
-    stages.run(f"{name}/pruned", key, out / name / "pruned", partial(baseline_stage, job, ctx, name, out / name))
+    stage, folder = f"{name}/pruned", out / name
+    start = time.time()
+    if folder.joinpath("pruned").exists() or not stages.finished(stage, key) or not rewrite_checkpoints(ctx, folder, name):
+        stages.run(stage, key, folder / "pruned", partial(baseline_stage, job, ctx, name, folder))
+    else:  # picked already, its checkpoints gone (a carried comparison): sliced again from its record, not picked again
+        log(f"{stage}: picked already; its checkpoints made again from {name}.json in {time.time() - start:.0f}s")
+        stages.seconds[stage] = "reused"
     done = json.loads((out / name / f"{name}.json").read_text())
     arch = arch_of(ctx, done["architecture"])
     label = done.get("table_label", done["label"])
@@ -371,19 +405,27 @@ def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stag
         dkey |= seeded_identity(seed)  # a seed's stage from before the fix was seed 0's model again
         for m in models:
             target, student = out / m.name / f"distilled-seed{seed}", out / m.name / "pruned"
-            # the folder is compare's: a stale state from other settings (or a pre-73bc6e8 seed) is redone
-            args = (student, target, ctx.model, ctx.tokenizer, spec.data, dspec)
-            run = partial(distill, *args, overwrite=True, discard_stale=True, evaluation_dirs=forbid)
-            stages.run(f"{m.name}/distilled-seed{seed}", {**dkey, "student": m.arch.to_json()}, target, run)
-            m.distill.append(json.loads((target / "distill.json").read_text()))
-            evaluated = out / m.name / f"eval-seed{seed}"
-            key = {**ekey, **dkey, "student": m.arch.to_json()}
-            stages.run(f"{m.name}/eval-seed{seed}", key, evaluated, partial(evaluate_stage, job, ctx, target, evaluated))
+            evaluated, tested = out / m.name / f"eval-seed{seed}", out / m.name / f"test-seed{seed}.json"
+            kept = out / m.name / f"distill-seed{seed}.json"  # distill.json's copy: all the tables read of the distillation
+            names = {s: f"{m.name}/{s}-seed{seed}" for s in ("distilled", "eval", "test")}
+            keys = {"distilled": {**dkey, "student": m.arch.to_json()}, "eval": {**ekey, **dkey, "student": m.arch.to_json()}}
+            keys["test"] = {**dkey, "student": m.arch.to_json(), "test": test_key(ctx)}
+            wanted = {"distilled": kept, "eval": evaluated, **({"test": tested} if job.compare.test_split else {})}
+            if not target.exists() and all(stages.finished(names[s], keys[s]) and p.exists() for s, p in wanted.items()):
+                # scored already and its checkpoint gone (a comparison carried to another machine keeps its small files)
+                log(f"{names['distilled']}: scored already ({kept.name}, {evaluated.name}); its checkpoint is not made again")
+                stages.seconds[names["distilled"]] = "reused"
+            else:
+                # the folder is compare's: a stale state from other settings (or a pre-73bc6e8 seed) is redone
+                args = (student, target, ctx.model, ctx.tokenizer, spec.data, dspec)
+                run = partial(distill, *args, overwrite=True, discard_stale=True, evaluation_dirs=forbid)
+                stages.run(names["distilled"], keys["distilled"], target, run)
+                write_json(json.loads((target / "distill.json").read_text()), kept)
+            m.distill.append(json.loads(kept.read_text()))
+            stages.run(names["eval"], keys["eval"], evaluated, partial(evaluate_stage, job, ctx, target, evaluated))
             m.results.append(read_result(evaluated))
             if job.compare.test_split:
-                tested = out / m.name / f"test-seed{seed}.json"
-                tkey = {**dkey, "student": m.arch.to_json(), "test": test_key(ctx)}
-                stages.run(f"{m.name}/test-seed{seed}", tkey, tested, partial(test_stage, ctx, target, tested))
+                stages.run(names["test"], keys["test"], tested, partial(test_stage, ctx, target, tested))
                 m.test.append(json.loads(tested.read_text()))
     # the command's results.dir (not the run's: a run made elsewhere, or read-only, is never written into)
     base_eval = Path(job.spec.results_dir).resolve() / "evaluate" / f"base-{spec.model.name}-{_hash(ekey)}"

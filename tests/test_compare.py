@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -228,6 +230,7 @@ def test_compare_runs_every_stage_and_reuses_them(
     run_compare(job, overwrite=True)  # a rerun with the same settings reuses every stage
     seconds = json.loads((out / "compare.json").read_text())["seconds"]
     assert all(seconds[s] == "reused" for s in seconds if "/" in s), seconds
+    check_carried(job, out, monkeypatch)
     probe = ["compare.probe.candidates=3", "compare.probe.tokens=256"]  # pick after a short distillation, both alike
     other = job_from_dict(compose_dict(*overrides, *small, *probe, "compare.runner_up=true", f"compare.out={tmp_path / 'other'}"))
     run_compare(other)  # another run (another scenario's, say) reuses the unpruned model's scores
@@ -254,6 +257,36 @@ def test_compare_runs_every_stage_and_reuses_them(
     assert budgets["autocompress"]["selection_evaluations"] == 2 and budgets["puzzletron"]["selection_evaluations"] == 3
     assert budgets["minitron"]["selection_evaluations"] == len(pd.read_parquet(tmp_path / "other" / "minitron" / "candidates.parquet"))
     assert budgets["puzzletron"]["one_block_evaluations"] > 0
+
+
+def check_carried(job: Any, out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A comparison whose checkpoints are gone (carried to a fresh machine with its small files only) finishes without
+    distilling or picking again: the scores are kept, the baselines' checkpoints are sliced again from their records."""
+    from autocompress.baselines import interface
+
+    before = json.loads((out / "compare.json").read_text())
+    gone = [*out.glob("*/pruned"), *out.glob("*/distilled-seed*")]
+    assert len(gone) == 3 + 3 * 2
+    for folder in gone:
+        shutil.rmtree(folder)
+
+    def no_pick(*args: Any) -> None:
+        raise AssertionError("picked again")
+
+    with monkeypatch.context() as mp:
+        for name in ("minitron", "puzzletron"):
+            mp.setitem(interface.BASELINES, name, dataclasses.replace(interface.BASELINES[name], pick=no_pick))
+        run_compare(job, overwrite=True)
+    after = json.loads((out / "compare.json").read_text())
+    for name in ("autocompress", "minitron", "puzzletron"):
+        assert after[name]["average"] == before[name]["average"] and after[name]["params"] == before[name]["params"]
+        assert (out / name / "pruned" / "config.json").exists() and not (out / name / "distilled-seed0").exists()
+    assert after["diff_vs"] == before["diff_vs"]
+    assert all(after["seconds"][s] == "reused" for s in after["seconds"] if "/" in s and s != "autocompress/pruned"), after["seconds"]
+    shutil.rmtree(out / "minitron" / "pruned")
+    (out / "minitron" / "ranking.safetensors").unlink()  # no ranking kept: picked again (not the scores' checkpoint sliced blind)
+    run_compare(job, overwrite=True)
+    assert json.loads((out / "compare.json").read_text())["seconds"]["minitron/pruned"] != "reused"
 
 
 def check_runner_ups(out: Path) -> None:

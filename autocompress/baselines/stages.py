@@ -24,6 +24,10 @@ class Stages:
         self.done: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {}
         self.seconds: dict[str, float | str] = {}
 
+    def finished(self, name: str, key: Any) -> bool:
+        """Whether `name` was built with `key` (its target may since have gone: a carried comparison keeps small files only)."""
+        return bool(self.done.get(name) == json.loads(json.dumps(key, default=str)))
+
     def run(self, name: str, key: Any, target: Path, build_fn: Callable[[], object], shared: bool = False) -> None:
         """Build `target` unless it was built with `key`. A `shared` target (used by other runs too) keeps its key beside it."""
         key = json.loads(json.dumps(key, default=str))
