@@ -17,6 +17,13 @@ writes docs/results.md's table from the JSONs.
 
     git worktree add ../headline HEAD && cd ../headline
     PYTHONPATH=$PWD ../main/.venv/bin/python benchmarks/headline.py --scenario rtx5070_coding
+
+A scenario takes about 7 hours on 2 cores, longer than a machine may be kept. Before it goes, `--carry-out DIR
+--scenario S` copies S's small files (a finished sweep run, the comparison's records and scores, the unpruned model's
+evaluation, the log's stage lines; no checkpoint) to DIR/S/ with a manifest of the commit and the machine; commit DIR
+(in main: benchmarks/results/headline/carry). On the next machine, in a worktree at the same commit, `--carry-in DIR`
+puts them back and the run goes on: scored seeds are not distilled again, picked baselines are sliced again from their
+records (compare's own rule), an unfinished sweep starts again. The JSON names every machine in `carried`.
 """
 
 from __future__ import annotations
@@ -130,6 +137,7 @@ def record(
         sweep = json.loads(meta.read_text()).get("sweep_wall_s") if meta.exists() else None
         methods["autocompress"]["budget"]["sweep_seconds"] = seconds.get("sweep", sweep or "reused")
     base = frame.loc["base"]
+    carried = run_dir.parent / CARRY_MANIFEST
     return {
         "scenario": scenario,
         "code": code,
@@ -141,6 +149,8 @@ def record(
         "diff": summary["diff_vs"],
         "cpu": cpuinfo.identity(),
         "date": time.strftime("%Y-%m-%d"),
+        # the earlier machines' sessions where the work was carried (--carry-in): the pick seconds are each its own
+        **({"carried": json.loads(carried.read_text())["sessions"]} if carried.exists() else {}),
         "seconds": seconds,
         "compare": str(compare_dir),
     }
@@ -227,6 +237,96 @@ def rerecord(scenarios: list[str], results: Path, out: Path) -> None:
         print(f"{path}: recorded again from {compare_dir} (code {old['code'][:12]})")
 
 
+CARRY_MAX = 4 << 20  # bytes: a carried file is small (checkpoints are left behind, and made again where still needed)
+CARRY_MANIFEST = "carry.json"
+SKIPPED_DIRS = re.compile(r"^(pruned|distilled-seed\d+|\..*)$")  # checkpoints, temporary and resumable-state folders
+
+
+def _small_files(root: Path) -> tuple[list[Path], list[str]]:
+    """The files under `root` a carry keeps, and what it leaves (with why)."""
+    kept, left = [], []
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if not path.is_file() or any(SKIPPED_DIRS.match(part) for part in rel.parts[:-1]):
+            continue
+        if path.stat().st_size > CARRY_MAX:
+            left.append(f"{rel} ({path.stat().st_size >> 20} MiB)")
+        else:
+            kept.append(path)
+    return kept, left
+
+
+def carry_out(scenarios: list[str], results: Path, carry: Path, code: str) -> None:
+    """Copy each scenario's small files (a finished sweep run, the comparison without its checkpoints, the unpruned
+    model's evaluation, the log's stage lines) to `carry/<scenario>/`, with a manifest of the commit and the machines
+    that did the work, so that `--carry-in` on a fresh machine at the same commit goes on from there."""
+    import shutil
+
+    if not scenarios:
+        raise SystemExit("error: --carry-out needs --scenario (which scenarios' work to carry)")
+    for scenario in scenarios:
+        dest = carry / scenario
+        manifest = json.loads((dest / CARRY_MANIFEST).read_text()) if (dest / CARRY_MANIFEST).exists() else {"code": code}
+        if manifest["code"] != code:
+            raise SystemExit(
+                f"error: {dest} carries work of commit {manifest['code'][:12]}, not {code[:12]}; remove it or run at that commit"
+            )
+        roots = {"compare": results / scenario / "compare", "evaluate": results / "evaluate"}
+        if sweep_state(results / scenario / RUN_ID) == "complete":  # an unfinished sweep starts again (Ray's state is not carried)
+            roots[RUN_ID] = results / scenario / RUN_ID
+        tmp = dest.with_name(f".{scenario}.carry")
+        shutil.rmtree(tmp, ignore_errors=True)
+        left: list[str] = []
+        for name, root in roots.items():
+            files, skipped = _small_files(root) if root.exists() else ([], [])
+            left += [f"{name}/{x}" for x in skipped]
+            for f in files:
+                target = tmp / name / f.relative_to(root)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(f, target)
+        log = results / f"{scenario}.log"
+        lines = (
+            [x for x in log.read_text(errors="replace").replace("\r", "\n").splitlines() if x.startswith("[autocompress]")]
+            if log.exists()
+            else []
+        )
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / f"{scenario}.log").write_text("".join(f"{x}\n" for x in lines))
+        session = {"cpu": cpuinfo.identity(), "date": time.strftime("%Y-%m-%d %H:%M"), "carried": sorted(roots), "left": left}
+        manifest["sessions"] = [*manifest.get("sessions", []), session]
+        (tmp / CARRY_MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)  # whole or not at all
+        size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
+        print(f"{dest}: {scenario}'s small files ({size / 2**20:.1f} MiB; {', '.join(sorted(roots))}); left out: {left or 'nothing'}")
+
+
+def carry_in(scenarios: list[str], results: Path, carry: Path, code: str) -> None:
+    """Put each scenario's carried files back where the headline reads them; refused onto a scenario with work of its own
+    here, or from another commit."""
+    import shutil
+
+    for scenario in scenarios:
+        src = carry / scenario
+        if not (src / CARRY_MANIFEST).exists():
+            continue
+        manifest = json.loads((src / CARRY_MANIFEST).read_text())
+        if manifest["code"] != code:
+            raise SystemExit(
+                f"error: {src} carries work of commit {manifest['code'][:12]}, not this tree's {code[:12]}; run at that commit"
+            )
+        if (results / scenario).exists():
+            raise SystemExit(f"error: {results / scenario} exists; --carry-in only fills a fresh results dir (move it aside)")
+        for name in (RUN_ID, "compare"):
+            if (src / name).exists():
+                shutil.copytree(src / name, results / scenario / name)
+        if (src / "evaluate").exists():
+            shutil.copytree(src / "evaluate", results / "evaluate", dirs_exist_ok=True)
+        shutil.copy2(src / f"{scenario}.log", results / f"{scenario}.log")
+        shutil.copy2(src / CARRY_MANIFEST, results / scenario / CARRY_MANIFEST)  # record() names the machines that did the work
+        print(f"{results / scenario}: carried in from {src} ({len(manifest['sessions'])} earlier session(s))")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--protocol", default=str(PROTOCOL))
@@ -243,6 +343,12 @@ def main(argv: list[str] | None = None) -> None:
         help="only write each --scenario's JSON in --out again from its finished comparison and log, keeping the commit, "
         "protocol and seconds it records (for a JSON an older headline.py wrote; nothing is rerun)",
     )
+    parser.add_argument(
+        "--carry-out",
+        metavar="DIR",
+        help="only copy each --scenario's small files (no checkpoints) to DIR/<scenario>/ with a manifest, for --carry-in",
+    )
+    parser.add_argument("--carry-in", metavar="DIR", help="first put DIR/<scenario>/'s carried files back (a fresh machine goes on)")
     args = parser.parse_args(argv)
     if args.table:
         fill_page(ROOT / args.table, ROOT / args.out)
@@ -257,6 +363,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: --scenario {unknown[0]} is not in {args.protocol}; its scenarios: {', '.join(proto['scenarios'])}")
     code = commit(args.allow_dirty)
     results, out = (ROOT / args.results_dir).resolve(), ROOT / args.out
+    if args.carry_out:
+        carry_out(args.scenario or [], results, Path(args.carry_out).resolve(), code)
+        return
+    if args.carry_in:
+        results.mkdir(parents=True, exist_ok=True)
+        carry_in(args.scenario or proto["scenarios"], results, Path(args.carry_in).resolve(), code)
     out.mkdir(parents=True, exist_ok=True)
     py = sys.executable
     for scenario in args.scenario or proto["scenarios"]:

@@ -147,3 +147,57 @@ def test_the_results_page_table_comes_from_the_headline_jsons(tmp_path: Path) ->
     (folder / "h100_batched.json").write_text(json.dumps(json.loads((folder / "h100_batched.json").read_text()) | {"code": "def5678"}))
     with pytest.raises(SystemExit, match="several commits"):
         hl.fill_page(page, folder)
+
+
+def test_a_scenario_is_carried_to_a_fresh_machine_without_its_checkpoints(tmp_path: Path) -> None:
+    """--carry-out keeps the small files (a finished sweep, the comparison's records, the stage lines of the log) and
+    leaves the checkpoints; --carry-in puts them back on a fresh results dir at the same commit, and nowhere else."""
+    hl = headline()
+    results, carry = tmp_path / "out", tmp_path / "carry"
+    run, cmp = results / "s" / hl.RUN_ID, results / "s" / "compare"
+    (run / "tune").mkdir(parents=True)
+    (run / "metadata.json").write_text(json.dumps({"status": "complete", "sweep_wall_s": 9.0}))
+    (run / "tune" / "result.json").write_text("{}")
+    for folder in ("minitron/pruned", "minitron/distilled-seed0", "minitron/eval-seed0", ".probe/0"):
+        (cmp / folder).mkdir(parents=True)
+        (cmp / folder / "model.safetensors").write_bytes(b"w" * 10)
+    (cmp / "minitron" / "minitron.json").write_text("{}")
+    (cmp / "minitron" / "big.parquet").write_bytes(b"x" * (hl.CARRY_MAX + 1))
+    (cmp / "stages.json").write_text("{}")
+    (results / "evaluate" / "base-x").mkdir(parents=True)
+    (results / "evaluate" / "base-x" / "eval.json").write_text("{}")
+    (results / "s.log").write_text("noise\r[autocompress] minitron/pruned: 120s -> /x\nbar 50%\r[autocompress] other\n")
+    hl.carry_out(["s"], results, carry, "c1")
+    kept = sorted(str(p.relative_to(carry / "s")) for p in (carry / "s").rglob("*") if p.is_file())
+    assert kept == [
+        "carry.json",
+        "compare/minitron/eval-seed0/model.safetensors",
+        "compare/minitron/minitron.json",
+        "compare/stages.json",
+        "evaluate/base-x/eval.json",
+        "headline/metadata.json",
+        "headline/tune/result.json",
+        "s.log",
+    ]
+    assert (carry / "s" / "s.log").read_text() == "[autocompress] minitron/pruned: 120s -> /x\n[autocompress] other\n"
+    manifest = json.loads((carry / "s" / "carry.json").read_text())
+    assert manifest["code"] == "c1" and manifest["sessions"][0]["left"] == ["compare/minitron/big.parquet (4 MiB)"]
+    with pytest.raises(SystemExit, match="carries work of commit c1, not c2"):
+        hl.carry_out(["s"], results, carry, "c2")
+    with pytest.raises(SystemExit, match=r"exists; --carry-in only fills a fresh results dir"):
+        hl.carry_in(["s"], results, carry, "c1")
+    fresh = tmp_path / "fresh"
+    with pytest.raises(SystemExit, match="carries work of commit c1, not this tree's c2"):
+        hl.carry_in(["s"], fresh, carry, "c2")
+    hl.carry_in(["s", "not-carried"], fresh, carry, "c1")
+    assert (fresh / "s" / "compare" / "minitron" / "minitron.json").exists() and not (
+        fresh / "s" / "compare" / "minitron" / "pruned"
+    ).exists()
+    assert hl.sweep_state(fresh / "s" / hl.RUN_ID) == "complete" and (fresh / "evaluate" / "base-x" / "eval.json").exists()
+    assert hl.built_seconds(fresh / "s.log") == {"minitron/pruned": 120.0}
+    assert json.loads((fresh / "s" / "carry.json").read_text())["sessions"] == manifest["sessions"]
+    hl.carry_out(["s"], fresh, carry, "c1")  # the next machine's session is added, the first one kept
+    assert len(json.loads((carry / "s" / "carry.json").read_text())["sessions"]) == 2
+    (run / "metadata.json").write_text(json.dumps({"status": "interrupted"}))
+    hl.carry_out(["s"], results, tmp_path / "c3", "c1")  # an unfinished sweep is not carried: it starts again
+    assert not (tmp_path / "c3" / "s" / hl.RUN_ID).exists() and (tmp_path / "c3" / "s" / "compare" / "stages.json").exists()
