@@ -33,6 +33,8 @@ def test_the_shipped_protocol_composes_for_every_scenario() -> None:
         assert job.compare.methods == ("autocompress", "minitron", "minitron_default", "puzzletron")
         assert len(job.compare.seeds) >= 3 and job.compare.test_split and job.compare.runner_up and job.spec.data.source == "jsonl"
         assert not set(job.evaluate.names) & set(proto["apart"])
+        trials = job.spec.sweep.num_trials  # equal budgets: every tuned method picks among as many scored candidates
+        assert job.compare.settings_of("minitron").budget == job.compare.settings_of("puzzletron").choices == trials == 8
     seen = set(subset(1172, 500, 0, "arc_challenge"))
     assert not seen & set(subset(1172, 300, 1, "arc_challenge", ((50, 0), (200, 0), (500, 0))))
 

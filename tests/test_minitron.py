@@ -170,6 +170,20 @@ def test_importance_hooks_leave_the_model_unchanged(tiny_model: Any, tokens: tor
     assert sorted(ranking.hidden.tolist()) == list(range(64)) and int(ranking.hidden[0]) == int(imp.hidden.argmax())
 
 
+def test_a_budget_scores_the_most_parameters_over_every_pair() -> None:
+    """compare.minitron.budget N (the headline's equal budget): the N candidates with the most parameters among every
+    pair's admitted ones, each once, however many each pair's top_k would have given."""
+    space, cm, cons = smollm2_setup(0.7, 0.7)
+    spec = MinitronSpec(widen_all=True, layers_divisor=1, budget=8)
+    admitted, _ = feasible_candidates(space, list(range(1, 30)), cm, cons, spec)
+    everything = sorted({c.arch.to_json(): c.params for a in admitted for c in a.candidates}.values(), reverse=True)
+    assert len(everything) > 8 and len(to_score(admitted, spec.top_k)) > 8  # the budget cuts something here
+    scored = to_score(admitted, spec.budget)[: spec.budget]
+    assert [c.params for c, _ in scored] == everything[:8]
+    with pytest.raises(ConfigError, match="budget must be > 0"):
+        MinitronSpec(budget=0)
+
+
 def test_search_picks_the_best_scored_of_the_top_k_and_exports_it(tiny_model: Any, tiny_space: SearchSpace, tmp_path: Path) -> None:
     cm = AnalyticCostModel(
         tiny_space,
@@ -190,6 +204,9 @@ def test_search_picks_the_best_scored_of_the_top_k_and_exports_it(tiny_model: An
     fmt = write_checkpoint(tiny_model, ByteTokenizer(), tiny_space, res.ranking, res.best.arch, tmp_path / "mt", calib[:2], "# card")
     assert fmt in ("llama", "decilm") and (tmp_path / "mt" / "config.json").exists()  # verify_export raised otherwise
     assert "Verified" in (tmp_path / "mt" / "README.md").read_text()
+    teacher = teacher_hidden(tiny_model, score, progress=False)
+    budgeted = search(tiny_model, tiny_space, cm, cons, calib, score, teacher, MinitronSpec(top_k=4, budget=2), False)
+    assert list(budgeted.scored["architecture"]) == list(res.scored["architecture"][:2])  # the 2 with the most parameters
 
 
 def test_tuned_knobs_any_depth_and_every_level() -> None:

@@ -13,6 +13,7 @@ from autocompress.arch.importance import teacher_hidden
 from autocompress.arch.masking import MaskedModel, Ranking
 from autocompress.arch.space import Architecture, Block, SearchSpace
 from autocompress.baselines import puzzletron
+from autocompress.baselines.interface import PickContext, puzzletron_pick
 from autocompress.baselines.minitron import write_checkpoint
 from autocompress.baselines.mip import LinearBound, Program, brute_force, solve
 from autocompress.config.metrics import Constraint
@@ -187,6 +188,21 @@ def test_search_picks_a_feasible_heterogeneous_model_that_exports(tiny_model: An
     assert res.kl_select > 0 and res.shape()["attention"][0] != "-"
     fmt = write_checkpoint(tiny_model, ByteTokenizer(), tiny_space, res.ranking, res.arch, tmp_path / "pz", calib[:2], "# card")
     assert fmt in ("llama", "decilm") and "Verified" in (tmp_path / "pz" / "README.md").read_text()
+    # compare.puzzletron.choices N (the headline's equal budget): the MIP's N best choices scored, the lowest selection KL kept
+    ctx = PickContext(tiny_model, tiny_space, cm, cons, calib, select, teacher, progress=False, runner_up=True)
+    picked = puzzletron_pick(ctx, puzzletron.PuzzletronSpec(choices=4))
+    choices = [
+        (res.arch, res.kl_select),
+        *puzzletron.search(
+            tiny_model, tiny_space, cm, cons, calib, select, teacher, puzzletron.PuzzletronSpec(), progress=False, alternatives=3
+        ).others,
+    ]
+    assert len(choices) == 4 and len({a.to_json() for a, _ in choices}) == 4 and all(meets(cm, cons, a) for a, _ in choices)
+    ranked = sorted(choices, key=lambda c: c[1])
+    assert picked.arch == ranked[0][0] and picked.kl_select == ranked[0][1] and picked.runner_up is not None
+    assert picked.runner_up.arch == ranked[1][0] and picked.notes["budget"]["selection_evaluations"] == 4
+    first = puzzletron_pick(ctx, puzzletron.PuzzletronSpec())  # ModelOpt's: the MIP's first choice, whatever its KL
+    assert first.arch == res.arch and first.runner_up is not None and first.runner_up.arch == choices[1][0]
 
 
 @pytest.mark.vllm

@@ -126,7 +126,7 @@ def puzzletron_pick(ctx: PickContext, settings: Any) -> Pick:
         ctx.teacher(),
         settings,
         ctx.progress,
-        max(n - 1, int(ctx.runner_up)),
+        max(n - 1, settings.choices - 1, int(ctx.runner_up)),
     )
     solves = [{"overshoot": s["overshoot"], "budgets": s["budgets"], "costs": s["costs"]} for s in res.solves]
     notes: dict[str, Any] = {"blocks": res.shape(), "solves": solves, "library": len(res.blocks), "costs": res.costs}
@@ -137,11 +137,12 @@ def puzzletron_pick(ctx: PickContext, settings: Any) -> Pick:
         "selection_sequences": len(ctx.select),
     }
     candidates = [(res.arch, res.kl_select), *res.others]  # MIP order: the pick first
-    order = list(range(len(candidates)))
+    # the MIP's first choice, or with `choices` N the best of its N by selection-split KL (ties: MIP order)
+    order = list(range(len(candidates))) if settings.choices == 1 else sorted(range(len(candidates)), key=lambda i: (candidates[i][1], i))
     if ctx.probe is not None and len(candidates) > 1:
         from autocompress.quality.probe import chosen
 
-        rows = ctx.probe.run({str(i): ctx.probe_writer(res.ranking, a) for i, (a, _) in enumerate(candidates[:n])})
+        rows = ctx.probe.run({str(i): ctx.probe_writer(res.ranking, candidates[i][0]) for i in order[:n]})
         after = {int(r["candidate"]): r["kl_select_probe"] for r in rows}
         order = sorted(after, key=lambda i: (after[i], i))
         assert order[0] == int(chosen(rows))

@@ -64,9 +64,10 @@ class MinitronSpec:
     prune_kv_groups: bool = False  # ablation, not Minitron: KV heads mean-pooled in groups as the search does
     importance_sequences: int = 16  # calibration sequences for the activation importance
     score_sequences: int | None = None  # selection-split sequences for the score (KL to the unpruned model); None = all
+    budget: int | None = None  # candidates scored in all: the N with the most parameters over every pair scored (None: top_k per pair)
 
     def __post_init__(self) -> None:
-        for key in ("top_k", "importance_sequences", "score_sequences", "layers_divisor"):
+        for key in ("top_k", "importance_sequences", "score_sequences", "layers_divisor", "budget"):
             if getattr(self, key) is not None and getattr(self, key) <= 0:
                 raise ConfigError(f"compare.minitron.{key} must be > 0, got {getattr(self, key)!r}")
         for key in ("max_width_pruning", "max_depth_pruning"):
@@ -305,7 +306,8 @@ def search(
     imp = importance(model, calib[: spec.importance_sequences], progress=progress)
     ranking = imp.ranking()
     admitted, record = feasible_candidates(space, imp.drop_order(), cost_model, constraints, spec)
-    scored_cands = to_score(admitted, spec.top_k)
+    # a budget: the union of every pair's top-N, most parameters first, cut at N (ModelOpt's order over all the pairs)
+    scored_cands = to_score(admitted, spec.budget or spec.top_k)[: spec.budget]
     masked = MaskedModel(model, space, ranking)
     rows = []
     try:
@@ -370,7 +372,8 @@ def pick(ctx: Any, spec: MinitronSpec) -> Any:
     description = (
         f"Homogeneous: hidden {best.hidden}, {best.heads} query heads, {best.kv_heads} KV heads, FFN {best.ffn}, "
         f"dropped blocks {list(best.dropped) or 'none'}; {best.params:,} parameters; best selection-split KL of the top "
-        f"{spec.top_k} per limit pair{probed}, {len(res.scored)} scored of {res.feasible} feasible homogeneous candidates "
+        f"{f'{spec.budget} over all limit pairs' if spec.budget else f'{spec.top_k} per limit pair'}{probed}, "
+        f"{len(res.scored)} scored of {res.feasible} feasible homogeneous candidates "
         f"(limits: {limits})"
     )
     second = None

@@ -59,11 +59,12 @@ class PuzzletronSpec:
     batch_size: int = 4  # activation scoring's micro batch (ModelOpt's micro_batch_size)
     max_solves: int = 8  # MIP solves while the realised pick overshoots a bound
     time_limit: float = 60.0  # seconds per MIP solve (ModelOpt's max_seconds_per_solution)
+    choices: int = 1  # the MIP's N best choices (each earlier one cut off), each scored on the selection split; the best kept
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"compare.puzzletron.objective={self.objective!r} is unknown; use one of {', '.join(OBJECTIVES)}")
-        for key in ("score_sequences", "batch_size", "max_solves", "time_limit"):
+        for key in ("score_sequences", "batch_size", "max_solves", "time_limit", "choices"):
             value = getattr(self, key)
             if value is not None and value <= 0:
                 raise ConfigError(f"compare.puzzletron.{key} must be > 0, got {value!r}")

@@ -196,12 +196,14 @@ RANGES: dict[str, dict[str, Range]] = {
         "layers_divisor": Range(1, 1024),
         "importance_sequences": COUNT,
         "score_sequences": COUNT,
+        "budget": COUNT,
     },
     "PuzzletronSpec": {
         "score_sequences": COUNT,
         "batch_size": COUNT,
         "max_solves": Range(1, 1000),
         "time_limit": SECONDS,
+        "choices": Range(1, 1000),
     },
     "NaiveSpec": {"importance_sequences": COUNT},
     "ProbeSpec": {
