@@ -62,7 +62,7 @@ class MinitronSpec:
     )
     layers_divisor: int = LAYERS_DIVISOR  # ModelOpt's num_layers_divisor (2); 1 = any layer count (ModelOpt accepts it)
     prune_kv_groups: bool = False  # ablation, not Minitron: KV heads mean-pooled in groups as the search does
-    importance_sequences: int = 16  # calibration sequences for the activation importance
+    importance_sequences: int | None = 16  # calibration sequences for the activation importance; None = the whole calibration split
     score_sequences: int | None = None  # selection-split sequences for the score (KL to the unpruned model); None = all
     budget: int | None = None  # candidates scored in all: the N with the most parameters over every pair scored (None: top_k per pair)
 
@@ -85,8 +85,9 @@ class MinitronSpec:
     def tuned(cls) -> MinitronSpec:
         """As a careful user of ModelOpt tunes it with its own knobs (issue 43): the top-k of every limit pair up to
         0.9 / 0.9 scored on the selection split, the best kept; any layer count (num_layers_divisor 1; hybrid-MoE
-        runs keep ModelOpt's 2). compare's `minitron`; ModelOpt's defaults are `minitron_default`."""
-        return cls(widen_all=True, layers_divisor=1)
+        runs keep ModelOpt's 2); importance from the whole calibration split. compare's `minitron`; ModelOpt's
+        defaults are `minitron_default`."""
+        return cls(widen_all=True, layers_divisor=1, importance_sequences=None)
 
 
 # --------------------------------------------------------------------------- candidates
