@@ -48,6 +48,7 @@ from autocompress.baselines.context import (
 )
 from autocompress.baselines.outputs import write_outputs
 from autocompress.baselines.stages import Stages, check_compare_out, open_compare_out
+from autocompress.baselines.written import ReportSplit, checkpoints_complete, keep_ranking, rewrite_checkpoints
 from autocompress.config.build import overwrite_flag
 from autocompress.config.cliargs import hydra_entry
 from autocompress.config.cliargs import task as hydra_task
@@ -150,7 +151,7 @@ def baseline_stage(job: CompareJob, ctx: Context, name: str, out: Path) -> None:
     from autocompress.baselines.interface import BASELINES
 
     pick = BASELINES[name].pick(_pick_context(job, ctx, name, out), job.compare.settings_of(name))
-    report = _ReportSplit(ctx)
+    report = ReportSplit(ctx)
     summary = pick.summary()
     shape = pick.description or (
         f"Hidden {pick.arch.hidden_size}, attention per layer (KV heads, '-' = none) `{summary['attention']}`, "
@@ -166,68 +167,8 @@ def baseline_stage(job: CompareJob, ctx: Context, name: str, out: Path) -> None:
         card = f"# {ctx.spec.model.name}, the {pick.label} baseline's runner-up for `{ctx.spec.scenario.name}`"
         scores = report.scored_and_written(name, pick.runner_up, out / "runner_up" / "pruned", card)
         summary["runner_up"] = pick.runner_up.summary() | scores | {"card": card}
-    up = pick.runner_up
-    if (
-        pick.ranking is not None
-        and pick.write is None
-        and (up is None or (up.write is None and up.ranking is not None and up.ranking.same_as(pick.ranking)))
-    ):
-        pick.ranking.save(out / RANKING)  # what rewrite_checkpoints slices by (one ranking for the pick and its runner-up)
+    keep_ranking(pick, out)  # what rewrite_checkpoints slices by
     write_json(summary, out / f"{name}.json")
-
-
-RANKING = "ranking.safetensors"  # a baseline's unit order, kept beside <name>.json so its checkpoints can be made again
-
-
-def rewrite_checkpoints(ctx: Context, folder: Path, name: str) -> bool:
-    """Make a baseline's checkpoints (its pick's, its runner-up's) again from `<name>.json` and its ranking, without
-    picking again; False where they cannot be (no ranking kept: a pick that writes its own checkpoint, or an older one)."""
-    from autocompress.arch.masking import Ranking
-    from autocompress.baselines.minitron import write_checkpoint
-
-    done = folder / f"{name}.json"
-    if not (folder / RANKING).exists() or not done.exists():
-        return False
-    summary, ranking = json.loads(done.read_text()), Ranking.load(folder / RANKING)
-    picks = [(summary, folder / "pruned"), *([(summary["runner_up"], folder / "runner_up" / "pruned")] if summary.get("runner_up") else [])]
-    for pick, path in picks:
-        arch = arch_of(ctx, pick["architecture"])
-        write_checkpoint(ctx.model, ctx.tokenizer, ctx.space, ranking, arch, path, ctx.data.report[:4], pick["card"])
-    return True
-
-
-class _ReportSplit:
-    """A pick's report-split KL and perplexity and its checkpoint: the teacher sliced by the pick's ranking (or the pick's
-    own `report` / `write`); the teacher's report-split hidden states computed once for all the picks of a stage."""
-
-    def __init__(self, ctx: Context) -> None:
-        self.ctx, self.tokens = ctx, ctx.data.report
-        self._teacher: Any = None
-
-    def scored_and_written(self, name: str, pick: Any, folder: Path, card: str) -> dict[str, float]:
-        from autocompress.arch.importance import teacher_hidden
-        from autocompress.arch.masking import MaskedModel
-        from autocompress.baselines.minitron import write_checkpoint
-        from autocompress.search.differentiable import evaluate
-
-        ctx, ranking = self.ctx, pick.ranking
-        if ranking is None and (pick.report is None or pick.write is None):
-            raise TypeError(f"baseline {name!r}: a pick without a ranking must write its checkpoint and report its KL itself")
-        if pick.report is not None:
-            kl, ppl = pick.report(self.tokens)
-        else:
-            if self._teacher is None:
-                self._teacher = teacher_hidden(ctx.model, self.tokens, desc="teacher (report)")
-            masked = MaskedModel(ctx.model, ctx.space, ranking)
-            try:
-                kl, ppl = evaluate(ctx.model, masked, pick.arch, self.tokens, self._teacher)
-            finally:
-                masked.remove()
-        if pick.write is not None:
-            pick.write(folder, card)
-        else:
-            write_checkpoint(ctx.model, ctx.tokenizer, ctx.space, ranking, pick.arch, folder, self.tokens[:4], card)
-        return {"kl_report": kl, "perplexity_report": ppl}
 
 
 def test_stage(ctx: Context, path: str | Path | None, out: Path) -> None:
@@ -335,15 +276,19 @@ def _baseline_model(job: CompareJob, ctx: Context, out: Path, stages: Stages, na
         key["runner_up"] = True
     stage, folder = f"{name}/pruned", out / name
     start = time.time()
-    if folder.joinpath("pruned").exists() or not stages.finished(stage, key) or not rewrite_checkpoints(ctx, folder, name):
-        stages.run(stage, key, folder / "pruned", partial(baseline_stage, job, ctx, name, folder))
-    else:  # picked already, its checkpoints gone (a carried comparison): sliced again from its record, not picked again
+    picked = stages.finished(stage, key) and not checkpoints_complete(folder, name)
+    if picked and rewrite_checkpoints(ctx, folder, name):  # its checkpoints gone (a carried comparison): not picked again
         log(f"{stage}: picked already; its checkpoints made again from {name}.json in {time.time() - start:.0f}s")
         stages.seconds[stage] = "reused"
+    else:
+        if picked:  # a checkpoint missing and no ranking kept to slice it again: picked again
+            shutil.rmtree(folder / "pruned", ignore_errors=True)
+        stages.run(stage, key, folder / "pruned", partial(baseline_stage, job, ctx, name, folder))
     done = json.loads((out / name / f"{name}.json").read_text())
     arch = arch_of(ctx, done["architecture"])
     label = done.get("table_label", done["label"])
-    return Model(name, arch, ctx.cost_model.predict(arch), float(done["kl_report"]), label=label)
+    source = _hash(key)  # which pick (settings, ranking): a seed's stages are its, not another pick's of the same shape
+    return Model(name, arch, ctx.cost_model.predict(arch), float(done["kl_report"]), label=label, source=source)
 
 
 def _runner_ups(job: CompareJob, ctx: Context, out: Path, stages: Stages, models: list[Model]) -> list[Model]:
@@ -376,7 +321,9 @@ def _runner_ups(job: CompareJob, ctx: Context, out: Path, stages: Stages, models
             continue
         arch = arch_of(ctx, done["architecture"])
         label = done.get("table_label", done["label"])
-        found.append(Model(f"{m.name}/runner_up", arch, ctx.cost_model.predict(arch), float(done["kl_report"]), label=label))
+        found.append(
+            Model(f"{m.name}/runner_up", arch, ctx.cost_model.predict(arch), float(done["kl_report"]), label=label, source=m.source)
+        )
     return found
 
 
@@ -408,8 +355,8 @@ def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stag
             evaluated, tested = out / m.name / f"eval-seed{seed}", out / m.name / f"test-seed{seed}.json"
             kept = out / m.name / f"distill-seed{seed}.json"  # distill.json's copy: all the tables read of the distillation
             names = {s: f"{m.name}/{s}-seed{seed}" for s in ("distilled", "eval", "test")}
-            keys = {"distilled": {**dkey, "student": m.arch.to_json()}, "eval": {**ekey, **dkey, "student": m.arch.to_json()}}
-            keys["test"] = {**dkey, "student": m.arch.to_json(), "test": test_key(ctx)}
+            keys = {"distilled": {**dkey, **m.student()}, "eval": {**ekey, **dkey, **m.student()}}
+            keys["test"] = {**dkey, **m.student(), "test": test_key(ctx)}
             wanted = {"distilled": kept, "eval": evaluated, **({"test": tested} if job.compare.test_split else {})}
             if not target.exists() and all(stages.finished(names[s], keys[s]) and p.exists() for s, p in wanted.items()):
                 # scored already and its checkpoint gone (a comparison carried to another machine keeps its small files)

@@ -237,50 +237,70 @@ def rerecord(scenarios: list[str], results: Path, out: Path) -> None:
         print(f"{path}: recorded again from {compare_dir} (code {old['code'][:12]})")
 
 
-CARRY_MAX = 4 << 20  # bytes: a carried file is small (checkpoints are left behind, and made again where still needed)
+CARRY_MAX = 32 << 20  # bytes: a carried file is small (checkpoints are left behind, and made again where still needed)
 CARRY_MANIFEST = "carry.json"
 SKIPPED_DIRS = re.compile(r"^(pruned|distilled-seed\d+|\..*)$")  # checkpoints, temporary and resumable-state folders
 
 
-def _small_files(root: Path) -> tuple[list[Path], list[str]]:
-    """The files under `root` a carry keeps, and what it leaves (with why)."""
-    kept, left = [], []
+def _small_files(root: Path) -> list[Path]:
+    """The files under `root` a carry keeps: all but those in checkpoint, temporary and resumable-state folders; one
+    over CARRY_MAX stops the carry (a later stage may read it, and a folder carried in part would count as finished)."""
+    kept = []
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
         if not path.is_file() or any(SKIPPED_DIRS.match(part) for part in rel.parts[:-1]):
             continue
         if path.stat().st_size > CARRY_MAX:
-            left.append(f"{rel} ({path.stat().st_size >> 20} MiB)")
-        else:
-            kept.append(path)
-    return kept, left
+            raise SystemExit(
+                f"error: {path} is {path.stat().st_size >> 20} MiB, over a carry's {CARRY_MAX >> 20} MiB per file; nothing was carried"
+            )
+        kept.append(path)
+    return kept
+
+
+def _manifest(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _swap(tmp: Path, dest: Path) -> None:
+    """Put `tmp` at `dest`, the old `dest` renamed aside until then (one of the two is always whole)."""
+    import shutil
+
+    old = dest.with_name(f".{dest.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists():
+        dest.rename(old)
+    tmp.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def carry_out(scenarios: list[str], results: Path, carry: Path, code: str) -> None:
     """Copy each scenario's small files (a finished sweep run, the comparison without its checkpoints, the unpruned
     model's evaluation, the log's stage lines) to `carry/<scenario>/`, with a manifest of the commit and the machines
-    that did the work, so that `--carry-in` on a fresh machine at the same commit goes on from there."""
+    that did the work, so that `--carry-in` on a fresh machine at the same commit goes on from there. Refused over a
+    carry this results dir was not carried in from (it may hold work this one lacks)."""
     import shutil
 
     if not scenarios:
         raise SystemExit("error: --carry-out needs --scenario (which scenarios' work to carry)")
     for scenario in scenarios:
-        dest = carry / scenario
-        manifest = json.loads((dest / CARRY_MANIFEST).read_text()) if (dest / CARRY_MANIFEST).exists() else {"code": code}
-        if manifest["code"] != code:
+        dest, local = carry / scenario, results / scenario / CARRY_MANIFEST
+        there, here = _manifest(dest / CARRY_MANIFEST), _manifest(local)
+        if there is not None and there["code"] != code:
+            raise SystemExit(f"error: {dest} carries work of commit {there['code'][:12]}, not {code[:12]}; remove it or run at that commit")
+        if there is not None and there != here:
             raise SystemExit(
-                f"error: {dest} carries work of commit {manifest['code'][:12]}, not {code[:12]}; remove it or run at that commit"
+                f"error: {dest} holds work that {results / scenario} was not carried in from; run with --carry-in {carry} "
+                "first (or remove it to start the carry again from this machine's work)"
             )
         roots = {"compare": results / scenario / "compare", "evaluate": results / "evaluate"}
         if sweep_state(results / scenario / RUN_ID) == "complete":  # an unfinished sweep starts again (Ray's state is not carried)
             roots[RUN_ID] = results / scenario / RUN_ID
+        roots = {name: root for name, root in roots.items() if root.exists()}
         tmp = dest.with_name(f".{scenario}.carry")
         shutil.rmtree(tmp, ignore_errors=True)
-        left: list[str] = []
         for name, root in roots.items():
-            files, skipped = _small_files(root) if root.exists() else ([], [])
-            left += [f"{name}/{x}" for x in skipped]
-            for f in files:
+            for f in _small_files(root):
                 target = tmp / name / f.relative_to(root)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(f, target)
@@ -292,38 +312,49 @@ def carry_out(scenarios: list[str], results: Path, carry: Path, code: str) -> No
         )
         tmp.mkdir(parents=True, exist_ok=True)
         (tmp / f"{scenario}.log").write_text("".join(f"{x}\n" for x in lines))
-        session = {"cpu": cpuinfo.identity(), "date": time.strftime("%Y-%m-%d %H:%M"), "carried": sorted(roots), "left": left}
-        manifest["sessions"] = [*manifest.get("sessions", []), session]
+        session = {"cpu": cpuinfo.identity(), "date": time.strftime("%Y-%m-%d %H:%M"), "carried": sorted(roots)}
+        manifest = {"code": code, "sessions": [*(here or {}).get("sessions", []), session]}
         (tmp / CARRY_MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)  # whole or not at all
+        _swap(tmp, dest)
+        if local.parent.exists():
+            write_text(json.dumps(manifest, indent=1) + "\n", local)  # this dir now holds what the carry holds
         size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
-        print(f"{dest}: {scenario}'s small files ({size / 2**20:.1f} MiB; {', '.join(sorted(roots))}); left out: {left or 'nothing'}")
+        print(f"{dest}: {scenario}'s small files ({size / 2**20:.1f} MiB; {', '.join(sorted(roots)) or 'the log only'})")
 
 
 def carry_in(scenarios: list[str], results: Path, carry: Path, code: str) -> None:
-    """Put each scenario's carried files back where the headline reads them; refused onto a scenario with work of its own
-    here, or from another commit."""
+    """Put each scenario's carried files back where the headline reads them. A scenario carried in already (its
+    manifest here equals the carry's) is left as it is, so the same command reruns; refused onto a scenario with work
+    of its own here, or from another commit."""
     import shutil
 
     for scenario in scenarios:
         src = carry / scenario
-        if not (src / CARRY_MANIFEST).exists():
+        manifest = _manifest(src / CARRY_MANIFEST)
+        if manifest is None:
             continue
-        manifest = json.loads((src / CARRY_MANIFEST).read_text())
         if manifest["code"] != code:
             raise SystemExit(
                 f"error: {src} carries work of commit {manifest['code'][:12]}, not this tree's {code[:12]}; run at that commit"
             )
+        if _manifest(results / scenario / CARRY_MANIFEST) == manifest:
+            print(f"{results / scenario}: carried in already from {src}")
+            continue
         if (results / scenario).exists():
-            raise SystemExit(f"error: {results / scenario} exists; --carry-in only fills a fresh results dir (move it aside)")
+            raise SystemExit(
+                f"error: {results / scenario} holds work of its own; --carry-in only fills a fresh results dir (move it aside)"
+            )
+        tmp = results / f".{scenario}.carry-in"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
         for name in (RUN_ID, "compare"):
             if (src / name).exists():
-                shutil.copytree(src / name, results / scenario / name)
+                shutil.copytree(src / name, tmp / name)
+        shutil.copy2(src / CARRY_MANIFEST, tmp / CARRY_MANIFEST)  # marks it carried in; record() names the machines
         if (src / "evaluate").exists():
             shutil.copytree(src / "evaluate", results / "evaluate", dirs_exist_ok=True)
         shutil.copy2(src / f"{scenario}.log", results / f"{scenario}.log")
-        shutil.copy2(src / CARRY_MANIFEST, results / scenario / CARRY_MANIFEST)  # record() names the machines that did the work
+        tmp.rename(results / scenario)  # last: a failed copy leaves no half-carried scenario
         print(f"{results / scenario}: carried in from {src} ({len(manifest['sessions'])} earlier session(s))")
 
 

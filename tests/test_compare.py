@@ -230,7 +230,6 @@ def test_compare_runs_every_stage_and_reuses_them(
     run_compare(job, overwrite=True)  # a rerun with the same settings reuses every stage
     seconds = json.loads((out / "compare.json").read_text())["seconds"]
     assert all(seconds[s] == "reused" for s in seconds if "/" in s), seconds
-    check_carried(job, out, monkeypatch)
     probe = ["compare.probe.candidates=3", "compare.probe.tokens=256"]  # pick after a short distillation, both alike
     other = job_from_dict(compose_dict(*overrides, *small, *probe, "compare.runner_up=true", f"compare.out={tmp_path / 'other'}"))
     run_compare(other)  # another run (another scenario's, say) reuses the unpruned model's scores
@@ -253,6 +252,7 @@ def test_compare_runs_every_stage_and_reuses_them(
     assert seconds["base/eval"] == "reused" and seconds["autocompress/eval-seed0"] != "reused", seconds
     check_probe(tmp_path / "other", pd.read_parquet(run / "trials.parquet"))
     check_runner_ups(tmp_path / "other")
+    check_carried(other, tmp_path / "other", monkeypatch)
     budgets = {m: s["budget"] for m, s in json.loads((tmp_path / "other" / "compare.json").read_text()).items() if m in known_methods()}
     assert budgets["autocompress"]["selection_evaluations"] == 2 and budgets["puzzletron"]["selection_evaluations"] == 3
     assert budgets["minitron"]["selection_evaluations"] == len(pd.read_parquet(tmp_path / "other" / "minitron" / "candidates.parquet"))
@@ -265,8 +265,14 @@ def check_carried(job: Any, out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from autocompress.baselines import interface
 
     before = json.loads((out / "compare.json").read_text())
-    gone = [*out.glob("*/pruned"), *out.glob("*/distilled-seed*")]
-    assert len(gone) == 3 + 3 * 2
+    gone = [
+        *out.glob("*/pruned"),
+        *out.glob("*/distilled-seed*"),
+        *out.glob("*/runner_up/pruned"),
+        *out.glob("*/runner_up/distilled-seed*"),
+    ]
+    assert len(gone) == 2 * 3 + 2 * 3 * 2  # pick and runner-up of 3 methods; each distilled with 2 seeds
+    written = {p: p.read_bytes() for p in out.glob("minitron/**/pruned/*") if p.suffix in (".safetensors", ".md", ".json")}
     for folder in gone:
         shutil.rmtree(folder)
 
@@ -280,9 +286,12 @@ def check_carried(job: Any, out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     after = json.loads((out / "compare.json").read_text())
     for name in ("autocompress", "minitron", "puzzletron"):
         assert after[name]["average"] == before[name]["average"] and after[name]["params"] == before[name]["params"]
-        assert (out / name / "pruned" / "config.json").exists() and not (out / name / "distilled-seed0").exists()
-    assert after["diff_vs"] == before["diff_vs"]
-    assert all(after["seconds"][s] == "reused" for s in after["seconds"] if "/" in s and s != "autocompress/pruned"), after["seconds"]
+        assert after[name]["runner_up"] == before[name]["runner_up"]
+        assert (out / name / "runner_up" / "pruned" / "config.json").exists() and not (out / name / "distilled-seed0").exists()
+    assert after["diff_vs"] == before["diff_vs"] and len(written) >= 6
+    assert all(p.read_bytes() == data for p, data in written.items())  # the same checkpoints, card and verification included
+    exported = ("autocompress/pruned", "autocompress/runner_up/pruned")  # exported again from the sweep run (seconds)
+    assert all(after["seconds"][s] == "reused" for s in after["seconds"] if "/" in s and s not in exported), after["seconds"]
     shutil.rmtree(out / "minitron" / "pruned")
     (out / "minitron" / "ranking.safetensors").unlink()  # no ranking kept: picked again (not the scores' checkpoint sliced blind)
     run_compare(job, overwrite=True)

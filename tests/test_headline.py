@@ -160,11 +160,10 @@ def test_a_scenario_is_carried_to_a_fresh_machine_without_its_checkpoints(tmp_pa
     (run / "tune").mkdir(parents=True)
     (run / "metadata.json").write_text(json.dumps({"status": "complete", "sweep_wall_s": 9.0}))
     (run / "tune" / "result.json").write_text("{}")
-    for folder in ("minitron/pruned", "minitron/distilled-seed0", "minitron/eval-seed0", ".probe/0"):
+    for folder in ("minitron/pruned", "minitron/runner_up/pruned", "minitron/distilled-seed0", "minitron/eval-seed0", ".probe/0"):
         (cmp / folder).mkdir(parents=True)
-        (cmp / folder / "model.safetensors").write_bytes(b"w" * 10)
+        (cmp / folder / "items.parquet").write_bytes(b"w" * 10)
     (cmp / "minitron" / "minitron.json").write_text("{}")
-    (cmp / "minitron" / "big.parquet").write_bytes(b"x" * (hl.CARRY_MAX + 1))
     (cmp / "stages.json").write_text("{}")
     (results / "evaluate" / "base-x").mkdir(parents=True)
     (results / "evaluate" / "base-x" / "eval.json").write_text("{}")
@@ -173,7 +172,7 @@ def test_a_scenario_is_carried_to_a_fresh_machine_without_its_checkpoints(tmp_pa
     kept = sorted(str(p.relative_to(carry / "s")) for p in (carry / "s").rglob("*") if p.is_file())
     assert kept == [
         "carry.json",
-        "compare/minitron/eval-seed0/model.safetensors",
+        "compare/minitron/eval-seed0/items.parquet",
         "compare/minitron/minitron.json",
         "compare/stages.json",
         "evaluate/base-x/eval.json",
@@ -183,23 +182,33 @@ def test_a_scenario_is_carried_to_a_fresh_machine_without_its_checkpoints(tmp_pa
     ]
     assert (carry / "s" / "s.log").read_text() == "[autocompress] minitron/pruned: 120s -> /x\n[autocompress] other\n"
     manifest = json.loads((carry / "s" / "carry.json").read_text())
-    assert manifest["code"] == "c1" and manifest["sessions"][0]["left"] == ["compare/minitron/big.parquet (4 MiB)"]
+    assert manifest["code"] == "c1" and manifest["sessions"][0]["carried"] == ["compare", "evaluate", "headline"]
     with pytest.raises(SystemExit, match="carries work of commit c1, not c2"):
         hl.carry_out(["s"], results, carry, "c2")
-    with pytest.raises(SystemExit, match=r"exists; --carry-in only fills a fresh results dir"):
-        hl.carry_in(["s"], results, carry, "c1")
+    with pytest.raises(SystemExit, match=r"holds work of its own; --carry-in only fills a fresh results dir"):
+        (tmp_path / "busy" / "s").mkdir(parents=True)
+        hl.carry_in(["s"], tmp_path / "busy", carry, "c1")
     fresh = tmp_path / "fresh"
     with pytest.raises(SystemExit, match="carries work of commit c1, not this tree's c2"):
         hl.carry_in(["s"], fresh, carry, "c2")
     hl.carry_in(["s", "not-carried"], fresh, carry, "c1")
+    hl.carry_in(["s"], fresh, carry, "c1")  # the same command again (a rerun after a failure): carried in already, kept
     assert (fresh / "s" / "compare" / "minitron" / "minitron.json").exists() and not (
         fresh / "s" / "compare" / "minitron" / "pruned"
     ).exists()
     assert hl.sweep_state(fresh / "s" / hl.RUN_ID) == "complete" and (fresh / "evaluate" / "base-x" / "eval.json").exists()
     assert hl.built_seconds(fresh / "s.log") == {"minitron/pruned": 120.0}
-    assert json.loads((fresh / "s" / "carry.json").read_text())["sessions"] == manifest["sessions"]
     hl.carry_out(["s"], fresh, carry, "c1")  # the next machine's session is added, the first one kept
+    assert len(json.loads((carry / "s" / "carry.json").read_text())["sessions"]) == 2
+    with pytest.raises(SystemExit, match="was not carried in from; run with --carry-in"):
+        hl.carry_out(["s"], results, carry, "c1")  # the first machine's older work would replace the second's
     assert len(json.loads((carry / "s" / "carry.json").read_text())["sessions"]) == 2
     (run / "metadata.json").write_text(json.dumps({"status": "interrupted"}))
     hl.carry_out(["s"], results, tmp_path / "c3", "c1")  # an unfinished sweep is not carried: it starts again
     assert not (tmp_path / "c3" / "s" / hl.RUN_ID).exists() and (tmp_path / "c3" / "s" / "compare" / "stages.json").exists()
+    hl.carry_in(["s"], tmp_path / "fresh3", tmp_path / "c3", "c1")
+    assert (tmp_path / "fresh3" / "s" / "carry.json").exists() and hl.sweep_state(tmp_path / "fresh3" / "s" / hl.RUN_ID) == "missing"
+    (cmp / "minitron" / "big.parquet").write_bytes(b"x" * (hl.CARRY_MAX + 1))
+    with pytest.raises(SystemExit, match=r"big\.parquet is 32 MiB, over a carry's 32 MiB per file; nothing was carried"):
+        hl.carry_out(["s"], results, tmp_path / "c4", "c1")
+    assert not (tmp_path / "c4" / "s").exists()

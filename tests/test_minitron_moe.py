@@ -87,3 +87,5 @@ def test_the_pick_is_the_best_scored_of_the_largest_feasible(model_and_tokens: t
 
     kl, _ = kl_and_perplexity(prune(model, res.best, res.importance), tokens[:3], logits_of(model, tokens[:3]))
     assert kl == pytest.approx(float(pick["kl"]), rel=1e-9)
+    budgeted = minitron_moe.search(model, cost, bound, tokens, tokens[:3], MinitronSpec(budget=2, importance_sequences=6), progress=False)
+    assert list(budgeted.scored["params"]) == list(res.scored["params"][:2])  # compare.minitron.budget: the 2 largest

@@ -199,6 +199,7 @@ def test_search_picks_a_feasible_heterogeneous_model_that_exports(tiny_model: An
     ]
     assert len(choices) == 4 and len({a.to_json() for a, _ in choices}) == 4 and all(meets(cm, cons, a) for a, _ in choices)
     ranked = sorted(choices, key=lambda c: c[1])
+    assert [a for a, _ in ranked] != [a for a, _ in choices]  # the MIP's order is not the KL's here: `choices` decides something
     assert picked.arch == ranked[0][0] and picked.kl_select == ranked[0][1] and picked.runner_up is not None
     assert picked.runner_up.arch == ranked[1][0] and picked.notes["budget"]["selection_evaluations"] == 4
     first = puzzletron_pick(ctx, puzzletron.PuzzletronSpec())  # ModelOpt's: the MIP's first choice, whatever its KL

@@ -210,6 +210,11 @@ class Model:
     results: list[EvalResult] = field(default_factory=list)  # evaluation per seed (one for the unpruned model)
     measured: dict[str, float] = field(default_factory=dict)
     test: list[dict[str, float]] = field(default_factory=list)  # test-split KL and perplexity per seed (compare.test_split)
+    source: str = ""  # which pick made its checkpoint (a baseline's pick-stage key, hashed): in its seed stages' keys
+
+    def student(self) -> dict[str, str]:
+        """What a seed's stages know the pruned checkpoint by: its shape, and the pick that made it where it says."""
+        return {"student": self.arch.to_json(), **({"source": self.source} if self.source else {})}
 
     def test_mean(self, key: str) -> float:
         return float(np.mean([t[key] for t in self.test])) if self.test else float("nan")

@@ -179,11 +179,14 @@ def search(
         raise InfeasibleError(f"no Minitron candidate of this hybrid model meets {bounds} at any pruning limit")
     where: dict[MoEShape, tuple[pd.Series, list[str]]] = {}
     for a in admitted:
-        for _, row in a.candidates.head(spec.top_k).iterrows():
+        for _, row in a.candidates.head(spec.budget or spec.top_k).iterrows():
             where.setdefault(row["shape"], (row, []))[1].append(f"{a.width:g}/{a.depth:g}")
+    scored = list(where.items())
+    if spec.budget:  # the N with the most parameters over every pair (compare.minitron.budget), as for Llama-family runs
+        scored = sorted(scored, key=lambda item: -int(item[1][0]["params"]))[: spec.budget]
     teacher = logits_of(model, select)
     rows = []
-    for shape, (row, pairs) in tqdm(where.items(), desc="minitron candidates", disable=not progress):
+    for shape, (row, pairs) in tqdm(scored, desc="minitron candidates", disable=not progress):
         kl, ppl = kl_and_perplexity(prune(model, shape, imp), select, teacher)
         rows.append(
             {
