@@ -665,7 +665,11 @@ def test_a_good_model_folder_passes_the_check(model_folders: Path) -> None:
 CHECKPOINT_ROWS = [
     ("evaluate", ["{models}/truncated", "out={tmp}/e", "evaluate.corpus=null"], "model.safetensors is damaged or truncated"),
     ("evaluate", ["{models}/bad_json", "out={tmp}/e", "evaluate.corpus=null"], "config.json is not valid JSON"),
-    ("evaluate", ["{models}/vocab100", "out={tmp}/e", "model=tiny_llama", "evaluate.corpus=null"], "vocabulary of 100 tokens but model=tiny"),
+    (
+        "evaluate",
+        ["{models}/vocab100", "out={tmp}/e", "model=tiny_llama", "evaluate.corpus=null"],
+        "vocabulary of 100 tokens but model=tiny",
+    ),
     ("distill", ["{models}/vocab100", "out={tmp}/d", "model=tiny_llama"], "has a vocabulary of 100 tokens and the teacher"),
     ("distill", ["{models}/vocab100", "out={tmp}/d", "teacher={models}/good"], "of 100 tokens and the teacher good 256"),
     (
