@@ -43,7 +43,7 @@ import pandas as pd
 import yaml
 
 from autocompress.config import cpuinfo
-from autocompress.io import RunPaths, write_text
+from autocompress.io import RunPaths, staged, write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RERUN = "rerun to go on from the finished stages"  # what a failed stage's error line adds
@@ -262,18 +262,6 @@ def _manifest(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _swap(tmp: Path, dest: Path) -> None:
-    """Put `tmp` at `dest`, the old `dest` renamed aside until then (one of the two is always whole)."""
-    import shutil
-
-    old = dest.with_name(f".{dest.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if dest.exists():
-        dest.rename(old)
-    tmp.rename(dest)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def carry_out(scenarios: list[str], results: Path, carry: Path, code: str) -> None:
     """Copy each scenario's small files (a finished sweep run, the comparison without its checkpoints, the unpruned
     model's evaluation, the log's stage lines) to `carry/<scenario>/`, with a manifest of the commit and the machines
@@ -297,25 +285,20 @@ def carry_out(scenarios: list[str], results: Path, carry: Path, code: str) -> No
         if sweep_state(results / scenario / RUN_ID) == "complete":  # an unfinished sweep starts again (Ray's state is not carried)
             roots[RUN_ID] = results / scenario / RUN_ID
         roots = {name: root for name, root in roots.items() if root.exists()}
-        tmp = dest.with_name(f".{scenario}.carry")
-        shutil.rmtree(tmp, ignore_errors=True)
-        for name, root in roots.items():
-            for f in _small_files(root):
-                target = tmp / name / f.relative_to(root)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(f, target)
-        log = results / f"{scenario}.log"
-        lines = (
-            [x for x in log.read_text(errors="replace").replace("\r", "\n").splitlines() if x.startswith("[autocompress]")]
-            if log.exists()
-            else []
-        )
-        tmp.mkdir(parents=True, exist_ok=True)
-        (tmp / f"{scenario}.log").write_text("".join(f"{x}\n" for x in lines))
         session = {"cpu": cpuinfo.identity(), "date": time.strftime("%Y-%m-%d %H:%M"), "carried": sorted(roots)}
         manifest = {"code": code, "sessions": [*(here or {}).get("sessions", []), session]}
-        (tmp / CARRY_MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        _swap(tmp, dest)
+        # beside DIR/<scenario>, renamed into it only once whole (the old carry kept until then)
+        with staged(dest, True, key="--carry-out", marker=CARRY_MANIFEST, what="a headline carry", flag="--carry-out") as tmp:
+            for name, root in roots.items():
+                for f in _small_files(root):
+                    target = tmp / name / f.relative_to(root)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(f, target)
+            log = results / f"{scenario}.log"
+            text = log.read_text(errors="replace").replace("\r", "\n") if log.exists() else ""
+            tmp.mkdir(parents=True, exist_ok=True)
+            (tmp / f"{scenario}.log").write_text("".join(f"{x}\n" for x in text.splitlines() if x.startswith("[autocompress]")))
+            (tmp / CARRY_MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         if local.parent.exists():
             write_text(json.dumps(manifest, indent=1) + "\n", local)  # this dir now holds what the carry holds
         size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
