@@ -367,7 +367,9 @@ def _distill_and_evaluate(job: CompareJob, ctx: Context, out: Path, stages: Stag
                 args = (student, target, ctx.model, ctx.tokenizer, spec.data, dspec)
                 run = partial(distill, *args, overwrite=True, discard_stale=True, evaluation_dirs=forbid)
                 stages.run(names["distilled"], keys["distilled"], target, run)
-                write_json(json.loads((target / "distill.json").read_text()), kept)
+                made = json.loads((target / "distill.json").read_text())
+                if not kept.exists() or json.loads(kept.read_text()) != made:  # a rerun leaves an equal copy as it is
+                    write_json(made, kept)
             m.distill.append(json.loads(kept.read_text()))
             stages.run(names["eval"], keys["eval"], evaluated, partial(evaluate_stage, job, ctx, target, evaluated))
             m.results.append(read_result(evaluated))

@@ -227,9 +227,11 @@ def test_compare_runs_every_stage_and_reuses_them(
     with pytest.raises(ConfigError, match=r"holds a finished comparison; choose another compare\.out, or add overwrite=true"):
         run_compare(job)  # a finished comparison is not written over unless asked
     assert (out / "compare.json").exists()
+    copies = {p: p.stat().st_mtime_ns for p in out.glob("*/distill-seed*.json")}
     run_compare(job, overwrite=True)  # a rerun with the same settings reuses every stage
     seconds = json.loads((out / "compare.json").read_text())["seconds"]
     assert all(seconds[s] == "reused" for s in seconds if "/" in s), seconds
+    assert len(copies) == 6 and all(p.stat().st_mtime_ns == t for p, t in copies.items())  # equal copies are not written again
     probe = ["compare.probe.candidates=3", "compare.probe.tokens=256"]  # pick after a short distillation, both alike
     other = job_from_dict(compose_dict(*overrides, *small, *probe, "compare.runner_up=true", f"compare.out={tmp_path / 'other'}"))
     run_compare(other)  # another run (another scenario's, say) reuses the unpruned model's scores

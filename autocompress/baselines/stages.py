@@ -16,6 +16,11 @@ STAGE_FILE = "stages.json"  # written when compare.out is made: what marks a fol
 FINAL_OUTPUTS = ("compare.json", "compare.md", "compare.parquet", "diffs.parquet", "diff.parquet")  # compare.json last
 
 
+def _normal(key: Any) -> Any:
+    """`key` as stages.json gives it back (tuples as lists, paths and other objects as strings), so keys compare equal."""
+    return json.loads(json.dumps(key, default=str))
+
+
 class Stages:
     """stages.json in the output folder: stage -> the settings it was made with; a stage whose key and folder match is skipped."""
 
@@ -26,11 +31,11 @@ class Stages:
 
     def finished(self, name: str, key: Any) -> bool:
         """Whether `name` was built with `key` (its target may since have gone: a carried comparison keeps small files only)."""
-        return bool(self.done.get(name) == json.loads(json.dumps(key, default=str)))
+        return bool(self.done.get(name) == _normal(key))
 
     def run(self, name: str, key: Any, target: Path, build_fn: Callable[[], object], shared: bool = False) -> None:
         """Build `target` unless it was built with `key`. A `shared` target (used by other runs too) keeps its key beside it."""
-        key = json.loads(json.dumps(key, default=str))
+        key = _normal(key)
         record = target.with_name(f"{target.name}.stage.json") if shared else None
         done = json.loads(record.read_text()) if record is not None and record.exists() else self.done.get(name)
         if done == key and target.exists():
