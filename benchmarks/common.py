@@ -72,18 +72,20 @@ class Record:
         self.started = time.time()
         self.date = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         self.before = _cpu_seconds()
+        # the code as the run started (a commit made while a long run goes on, or a clone made at its start, is not it)
+        git = ["git", "-C", str(TREE)]
+        sha = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
+        self.commit = sha + ("+uncommitted" if dirty else "")
 
     def as_dict(self) -> dict[str, Any]:
         wall = max(time.time() - self.started, 1e-9)
         mine = _own_tree()
         others = sum(max(t - self.before.get(pid, 0.0), 0.0) for pid, t in _cpu_seconds().items() if pid not in mine)
         cores = others / wall
-        git = ["git", "-C", str(TREE)]
-        sha = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
-        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
         ident = cpuinfo.identity()
         return {
-            "commit": sha + ("+uncommitted" if dirty else ""),
+            "commit": self.commit,
             "cpu": f"{ident['model']} ({ident['simd'] or 'no AVX2 or AVX-512'}, {ident['cores']} cores)",
             "date": self.date,
             "wall_s": round(wall, 1),
