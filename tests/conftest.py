@@ -64,13 +64,15 @@ class _UnitScheduler:
 def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_UnitScheduler(), "autocompress-unit-scheduler")
-    if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if os.environ.get("PYTEST_XDIST_WORKER") and workers > 1 and "OMP_NUM_THREADS" not in os.environ:
         # Two workers on two cores: one thread each, in this process and (through the environment) in the commands,
         # Ray workers and engines it starts. With torch's default of one thread per core, two workers' processes ran
         # four or more spinning threads on two cores: tests/test_resume.py took 372 s beside the lm-eval parity
         # module, 195 s with one thread each (2026-12-07, docs/benchmarks.md#the-test-suite).
-        os.environ["OMP_NUM_THREADS"] = "1"
-        torch.set_num_threads(1)
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
 
 
 def load_benchmark(name: str) -> Any:
