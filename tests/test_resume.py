@@ -128,7 +128,7 @@ def test_grid_runs_only_what_is_not_recorded(tmp_path: Path) -> None:
     done = [{**base, "margin": 0.1}]
     space, searcher, n = tune_space(definition, spec, RunPaths(tmp_path), done)
     left = [p["margin"] for p in space["settings"]["grid_search"]]
-    assert searcher is None and n == 1 and left == [0.0, 0.2, 0.3]
+    assert searcher is None and n == 1 and left == [0.3, 0.2, 0.0]  # the longest (furthest inside the bounds) first
     assert len({settings_key({**base, **p}) for p in grid_points(definition["grid"], 8, 0)}) == 8  # cycles get fresh seeds
 
 

@@ -144,6 +144,19 @@ def test_evaluate_matches_the_model_own_loss(prepared) -> None:  # type: ignore[
     assert ppl == pytest.approx(math.exp(loss), rel=1e-5)
 
 
+def test_base_perplexity_from_the_teacher_outputs_equals_a_second_forward(prepared) -> None:  # type: ignore[no-untyped-def]
+    """prepare takes the unpruned model's report perplexity from the cached teacher outputs (LM head only): the same
+    number a whole forward pass through the (cleared) masked model gives."""
+    _, p = prepared
+    masked = MaskedModel(p.base.model, p.space, p.inputs.ranking)
+    try:
+        kl, ppl = evaluate(p.base.model, masked, None, p.inputs.report, p.inputs.teacher_report)
+    finally:
+        masked.remove()
+    assert abs(kl) < 1e-6 and p.base_perplexity > 1.0
+    assert p.base_perplexity == pytest.approx(ppl, rel=1e-6)
+
+
 def test_search_can_start_at_the_rival(prepared) -> None:  # type: ignore[no-untyped-def]
     """search.start=rival: before any real step the most probable architecture is the rival, not the base model."""
     spec, p = prepared

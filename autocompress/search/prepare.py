@@ -21,7 +21,7 @@ from autocompress.errors import ConfigError, InfeasibleError
 from autocompress.io import Clock, RunPaths, log
 from autocompress.model.base import BaseModel, load_base_model
 from autocompress.model.data import load_token_data
-from autocompress.search.differentiable import SearchInputs, evaluate, fill, flat_logits
+from autocompress.search.differentiable import SearchInputs, evaluate, fill, flat_logits, teacher_perplexity
 from autocompress.search.rival import best_homogeneous, homogeneous_full_kv
 
 
@@ -213,7 +213,7 @@ def prepare(spec: RunSpec, progress: bool = True, on_checked: Callable[[], Any] 
         constraints=constraints,
     )
     masked = MaskedModel(model, space, ranking)
-    _, base_ppl = evaluate(model, masked, None, data.report, report_hidden)
+    base_ppl = teacher_perplexity(model, data.report, report_hidden)
     clock.lap("base_eval")
     if spec.search.homogeneous_candidate:
         rival = homogeneous_rival(model, masked, inputs, cost_model, spec.search.importance_sequences, spec.search.probe_sequences)
