@@ -89,3 +89,14 @@ def test_the_pick_is_the_best_scored_of_the_largest_feasible(model_and_tokens: t
     assert kl == pytest.approx(float(pick["kl"]), rel=1e-9)
     budgeted = minitron_moe.search(model, cost, bound, tokens, tokens[:3], MinitronSpec(budget=2, importance_sequences=6), progress=False)
     assert list(budgeted.scored["params"]) == list(res.scored["params"][:2])  # compare.minitron.budget: the 2 largest
+
+
+def test_base_perplexity_from_the_teacher_logits_equals_a_second_forward(model_and_tokens: tuple[Any, torch.Tensor]) -> None:
+    """prepare_moe takes the unpruned model's report perplexity from the logits it already has (one pass, not two)."""
+    from autocompress.search.moe import kl_and_perplexity, logits_of, perplexity_of
+
+    model, tokens = model_and_tokens
+    teacher = logits_of(model, tokens)
+    kl, ppl = kl_and_perplexity(model, tokens, teacher)
+    assert kl == pytest.approx(0.0, abs=1e-6)
+    assert perplexity_of(teacher, tokens, batch_size=4) == pytest.approx(ppl, rel=1e-6)  # 6 rows: batches of 4 and 2

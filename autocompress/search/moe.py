@@ -95,10 +95,20 @@ def kl_and_perplexity(model: Any, tokens: torch.Tensor, teacher: torch.Tensor, b
         logits = model(ids, use_cache=False).logits.float()
         logp_t = torch.log_softmax(teacher[i : i + batch_size], dim=-1).flatten(0, 1)
         kl += float(F.kl_div(torch.log_softmax(logits, dim=-1).flatten(0, 1), logp_t, log_target=True, reduction="sum"))
-        logp = torch.log_softmax(logits[:, :-1], dim=-1)
-        nll -= float(logp.gather(-1, ids[:, 1:, None]).sum())
+        nll += _nll(logits, ids)
         n_nll += ids[:, 1:].numel()
     return kl / tokens.numel(), math.exp(nll / n_nll)
+
+
+def _nll(logits: torch.Tensor, ids: torch.Tensor) -> float:
+    """Summed next-token negative log-likelihood of `ids` under `logits` (same batch)."""
+    return -float(torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None]).sum())
+
+
+def perplexity_of(logits: torch.Tensor, tokens: torch.Tensor, batch_size: int = 4) -> float:
+    """Perplexity of `tokens` from their logits (e.g. the teacher's, from `logits_of`) without another forward pass."""
+    nll = sum(_nll(logits[i : i + batch_size], tokens[i : i + batch_size]) for i in range(0, len(tokens), batch_size))
+    return math.exp(nll / tokens[:, 1:].numel())
 
 
 def single_change_scores(model: Any, imp: MoEImportance, tokens: torch.Tensor, axes: dict[str, list[int]]) -> dict[str, Any]:
@@ -322,7 +332,7 @@ def prepare_moe(spec: RunSpec, on_checked: Callable[[], Any] | None = None) -> M
     log(f"calibration text ({spec.data.source}): {data.summary()}")
     if on_checked is not None:
         on_checked()
-    _, base_ppl = kl_and_perplexity(model, data.report, logits_of(model, data.report))
+    base_ppl = perplexity_of(logits_of(model, data.report), data.report)
     inputs = MoEInputs(
         path=path,
         hybrid=hybrid,
