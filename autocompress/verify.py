@@ -15,7 +15,7 @@ worker's device footprint by its own accounting (cost/vllm_worker.py); a GPU row
 bound in `unverified_constraints` instead of judged from RSS (this path has not run on a GPU here). On a CPU the peak RSS is
 also split into `measured_weights_gib`, `measured_kv_alloc_gib` (the KV cache the engine allocated)
 and `measured_runtime_gib` (the rest: the runtime's baseline, the same for any architecture). The file is
-rewritten atomically; `trials.parquet` gets the same columns for the verified trials.
+written atomically; the sweep's pareto.parquet and trials.parquet are never rewritten (load_run merges by trial id).
 """
 
 from __future__ import annotations

@@ -189,9 +189,9 @@ def _check_setting(where: str, key: str, value: Any) -> None:
 class SearchSpec:
     """One differentiable search run: budget and batch shape."""
 
-    steps: int = 40
+    steps: int = 96  # as conf/search/default.yaml (every command composes that file)
     batch_size: int = 2  # sequences per step
-    importance_sequences: int = 16  # calibration sequences for the importance ranking
+    importance_sequences: int = 8  # calibration sequences for the importance ranking
     init_bias: float = 2.0  # initial logit advantage of the starting option
     start: str = "base"  # where the distributions start: "base" (the unpruned model) | "rival" (the homogeneous rival)
     straight_through: bool = False  # hard one-hot samples forward (else relaxed mixtures)
@@ -240,7 +240,7 @@ class SweepSpec:
     optuna_storage: str | None = None  # None = a journal file in the run folder; or an Optuna storage URL
     report_every: int = 1  # a trial reports its search's step record to Ray Tune every N steps (0 = the final row only)
     tracking: tuple[str, ...] = ()  # also log every trial to: mlflow, wandb (Ray Tune's logger callbacks)
-    tracking_uri: str | None = None  # MLflow's tracking URI (None = <run folder>/mlruns)
+    tracking_uri: str | None = None  # MLflow's tracking URI (None = sqlite:///<run folder>/mlflow.db)
 
     def __post_init__(self) -> None:
         if not isinstance(self.definition, Mapping):
