@@ -248,3 +248,15 @@ def test_corrupt_student_is_one_clear_line(student: Path, tmp_path: Path, capsys
     assert main([str(student), f"out={tmp_path / 'o'}", "model=tiny_llama", "tokens=128"]) == 2
     assert f"error: {student / 'config.json'} is not valid JSON" in capsys.readouterr().err
     assert not (tmp_path / "o").exists() and not work_dir(tmp_path / "o").exists()
+
+
+def test_next_token_nll_is_torchs_summed_cross_entropy() -> None:
+    """The one NLL the search, the hybrid search and the held-out scores share: position t scores token t + 1."""
+    from autocompress.model.scores import next_token_nll
+
+    logits = torch.randn(3, 7, 11, generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 11, (3, 7), generator=torch.Generator().manual_seed(1))
+    expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 11), ids[:, 1:].reshape(-1), reduction="sum")
+    assert next_token_nll(torch.log_softmax(logits, dim=-1), ids) == pytest.approx(float(expected), rel=1e-6)
+    shifted = torch.nn.functional.cross_entropy(logits.reshape(-1, 11), ids.reshape(-1), reduction="sum")  # no shift: wrong
+    assert next_token_nll(torch.log_softmax(logits, dim=-1), ids) != pytest.approx(float(shifted), rel=1e-3)

@@ -23,6 +23,7 @@ from autocompress.errors import ConfigError
 from autocompress.io import atomic_write, check_output, staged
 from autocompress.io import log as log_line
 from autocompress.model.data import load_token_data
+from autocompress.model.scores import next_token_nll
 from autocompress.quality.tasks import evaluation_paths
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -137,7 +138,7 @@ def heldout_scores(student: Any, teacher: Any, tokens: torch.Tensor, batch_size:
         ids = tokens[start : start + batch_size]
         logits = forward(student, ids)[1].float()
         kl += float(kl_loss(logits, forward(teacher, ids)[1])) * ids.numel()
-        nll -= float(torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None]).sum())
+        nll += next_token_nll(torch.log_softmax(logits, dim=-1), ids)
         n_nll += ids[:, 1:].numel()
     return {"kl": kl / tokens.numel(), "perplexity": math.exp(nll / n_nll), "tokens": int(tokens.numel())}
 

@@ -31,6 +31,7 @@ from autocompress.config.metrics import Constraint
 from autocompress.config.schema import LagrangianSettings, SearchSpec
 from autocompress.cost import ArchDistribution, CostModel
 from autocompress.io import Clock
+from autocompress.model.scores import next_token_nll
 
 
 @dataclass
@@ -130,16 +131,11 @@ def evaluate(
             hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
             logp = torch.log_softmax(model.lm_head(hidden).float(), dim=-1)  # one LM head pass serves KL and perplexity
             kl_sum += float(_kl(logp, model, teacher[start : start + batch_size])) * ids.numel()
-            nll_sum += _nll(logp, ids)
+            nll_sum += next_token_nll(logp, ids)
             n_kl, n_nll = n_kl + ids.numel(), n_nll + ids[:, 1:].numel()
     finally:
         masked.clear()
     return kl_sum / n_kl, math.exp(nll_sum / n_nll)
-
-
-def _nll(logp: torch.Tensor, ids: torch.Tensor) -> float:
-    """Summed next-token negative log-likelihood of `ids` [b, s] under log-probabilities `logp` [b, s, V]."""
-    return -float(logp[:, :-1].gather(-1, ids[:, 1:, None]).sum())
 
 
 @torch.no_grad()
@@ -149,7 +145,7 @@ def teacher_perplexity(model: Any, tokens: torch.Tensor, teacher: torch.Tensor, 
     nll_sum, n_nll = 0.0, 0
     for start in range(0, len(tokens), batch_size):
         ids = tokens[start : start + batch_size]
-        nll_sum += _nll(torch.log_softmax(model.lm_head(teacher[start : start + batch_size]).float(), dim=-1), ids)
+        nll_sum += next_token_nll(torch.log_softmax(model.lm_head(teacher[start : start + batch_size]).float(), dim=-1), ids)
         n_nll += ids[:, 1:].numel()
     return math.exp(nll_sum / n_nll)
 

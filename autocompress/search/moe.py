@@ -40,6 +40,7 @@ from autocompress.cost.hybrid import HybridCost, evaluate, hardware_terms
 from autocompress.io import RunPaths, log
 from autocompress.model.base import check_model_folder
 from autocompress.model.data import load_token_data
+from autocompress.model.scores import next_token_nll
 from autocompress.model.tiny_moe import TinyHybridMoE, tiny_hybrid_moe
 
 FAMILY = HYBRID_MOE
@@ -94,20 +95,17 @@ def kl_and_perplexity(model: Any, tokens: torch.Tensor, teacher: torch.Tensor, b
         ids = tokens[i : i + batch_size]
         logits = model(ids, use_cache=False).logits.float()
         logp_t = torch.log_softmax(teacher[i : i + batch_size], dim=-1).flatten(0, 1)
-        kl += float(F.kl_div(torch.log_softmax(logits, dim=-1).flatten(0, 1), logp_t, log_target=True, reduction="sum"))
-        nll += _nll(logits, ids)
+        logp = torch.log_softmax(logits, dim=-1)
+        kl += float(F.kl_div(logp.flatten(0, 1), logp_t, log_target=True, reduction="sum"))
+        nll += next_token_nll(logp, ids)
         n_nll += ids[:, 1:].numel()
     return kl / tokens.numel(), math.exp(nll / n_nll)
 
 
-def _nll(logits: torch.Tensor, ids: torch.Tensor) -> float:
-    """Summed next-token negative log-likelihood of `ids` under `logits` (same batch)."""
-    return -float(torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None]).sum())
-
-
 def perplexity_of(logits: torch.Tensor, tokens: torch.Tensor, batch_size: int = 4) -> float:
     """Perplexity of `tokens` from their logits (e.g. the teacher's, from `logits_of`) without another forward pass."""
-    nll = sum(_nll(logits[i : i + batch_size], tokens[i : i + batch_size]) for i in range(0, len(tokens), batch_size))
+    batches = range(0, len(tokens), batch_size)
+    nll = sum(next_token_nll(torch.log_softmax(logits[i : i + batch_size], dim=-1), tokens[i : i + batch_size]) for i in batches)
     return math.exp(nll / tokens[:, 1:].numel())
 
 

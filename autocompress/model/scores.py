@@ -1,0 +1,11 @@
+"""What the search, the hybrid-MoE search and the held-out scores share: a language model's next-token NLL."""
+
+from __future__ import annotations
+
+import torch
+
+
+def next_token_nll(logp: torch.Tensor, ids: torch.Tensor) -> float:
+    """Summed next-token negative log-likelihood of `ids` [b, s] under log-probabilities `logp` [b, s, V] (position t
+    predicts token t + 1, so the last position predicts nothing)."""
+    return -float(logp[:, :-1].gather(-1, ids[:, 1:, None]).sum())
