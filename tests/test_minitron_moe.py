@@ -91,12 +91,12 @@ def test_the_pick_is_the_best_scored_of_the_largest_feasible(model_and_tokens: t
     assert list(budgeted.scored["params"]) == list(res.scored["params"][:2])  # compare.minitron.budget: the 2 largest
 
 
-def test_base_perplexity_from_the_teacher_logits_equals_a_second_forward(model_and_tokens: tuple[Any, torch.Tensor]) -> None:
-    """prepare_moe takes the unpruned model's report perplexity from the logits it already has (one pass, not two)."""
-    from autocompress.search.moe import kl_and_perplexity, logits_of, perplexity_of
+def test_base_perplexity_in_one_pass_equals_the_two_pass_score(model_and_tokens: tuple[Any, torch.Tensor]) -> None:
+    """prepare_moe takes the unpruned model's report perplexity in one pass (it took the teacher's logits, then a second pass)."""
+    from autocompress.search.moe import kl_and_perplexity, logits_of, perplexity
 
     model, tokens = model_and_tokens
     teacher = logits_of(model, tokens)
     kl, ppl = kl_and_perplexity(model, tokens, teacher)
     assert kl == pytest.approx(0.0, abs=1e-6)
-    assert perplexity_of(teacher, tokens, batch_size=4) == pytest.approx(ppl, rel=1e-6)  # 6 rows: batches of 4 and 2
+    assert perplexity(model, tokens, batch_size=4) == pytest.approx(ppl, rel=1e-6)  # 6 rows: batches of 4 and 2

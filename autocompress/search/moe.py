@@ -102,10 +102,13 @@ def kl_and_perplexity(model: Any, tokens: torch.Tensor, teacher: torch.Tensor, b
     return kl / tokens.numel(), math.exp(nll / n_nll)
 
 
-def perplexity_of(logits: torch.Tensor, tokens: torch.Tensor, batch_size: int = 4) -> float:
-    """Perplexity of `tokens` from their logits (e.g. the teacher's, from `logits_of`) without another forward pass."""
-    batches = range(0, len(tokens), batch_size)
-    nll = sum(next_token_nll(torch.log_softmax(logits[i : i + batch_size], dim=-1), tokens[i : i + batch_size]) for i in batches)
+@torch.no_grad()
+def perplexity(model: Any, tokens: torch.Tensor, batch_size: int = 4) -> float:
+    """The model's perplexity on `tokens`: one forward pass per batch, no logits kept beyond it."""
+    nll = 0.0
+    for i in range(0, len(tokens), batch_size):
+        ids = tokens[i : i + batch_size]
+        nll += next_token_nll(torch.log_softmax(model(ids, use_cache=False).logits.float(), dim=-1), ids)
     return math.exp(nll / tokens[:, 1:].numel())
 
 
@@ -330,7 +333,7 @@ def prepare_moe(spec: RunSpec, on_checked: Callable[[], Any] | None = None) -> M
     log(f"calibration text ({spec.data.source}): {data.summary()}")
     if on_checked is not None:
         on_checked()
-    base_ppl = perplexity_of(logits_of(model, data.report), data.report)
+    base_ppl = perplexity(model, data.report)
     inputs = MoEInputs(
         path=path,
         hybrid=hybrid,
