@@ -178,8 +178,14 @@ def table(folder: Path, page: Path) -> str:
     def num(value: Any, digits: int) -> str:
         return "-" if value is None else f"{float(value):.{digits}f}"
 
+    def machines(r: dict[str, Any]) -> str:
+        """The CPUs a scenario ran on: its carried sessions' and the last session's (the JSON's `cpu`), each once."""
+        cpus = [s["cpu"] for s in r.get("carried", [])] + [r["cpu"]]
+        named = dict.fromkeys(f"{c['model']} ({c['simd']}, {c['cores']} cores)" for c in cpus)
+        return f"{r['scenario']} on {' then '.join(named)}"
+
     lines = [
-        f"Code {codes[0][:12]}; {records[0]['cpu']['model']} ({records[0]['cpu']['simd']}, {records[0]['cpu']['cores']} cores). "
+        f"Code {codes[0][:12]}; {'; '.join(machines(r) for r in sorted(records, key=lambda r: r['scenario']))}. "
         "Benchmark average in points (higher is better), test-split KL to the unpruned model in nats/token and perplexity "
         "(lower is better), each after distillation and averaged over the seeds; the runner-up is the method's second "
         "pick by its own selection score, distilled and scored alike; the last column is AutoCompress minus the method "

@@ -128,6 +128,9 @@ def test_the_results_page_table_comes_from_the_headline_jsons(tmp_path: Path) ->
             "scenario": scenario,
             "code": code,
             "cpu": {"model": "AMD EPYC", "simd": "avx2", "cores": "2"},
+            **(
+                {"carried": [{"cpu": {"model": "Intel Xeon", "simd": "avx512f", "cores": "2"}}] * 2} if scenario == "rtx5070_coding" else {}
+            ),
             "base": {"params": 134_515_008, "average": 40.2, "test_ppl": 11.6},
             "methods": {"autocompress": method, "minitron": method | {"average": 31.0, "runner_up": None}},
             "diff": {"minitron": {"mean": 2.1, "low": 0.4, "high": 3.9}},
@@ -145,6 +148,9 @@ def test_the_results_page_table_comes_from_the_headline_jsons(tmp_path: Path) ->
         "| rtx5070_coding | Minitron (tuned) | 97.6 M | 31.00 | 0.912 | 21.40 | - | +2.10 [+0.40, +3.90] | "
         "[json](../benchmarks/results/headline/rtx5070_coding.json) |",
     ]
+    # every scenario names the machines its sessions ran on (carried ones first), each once
+    machines = "h100_batched on AMD EPYC (avx2, 2 cores); rtx5070_coding on Intel Xeon (avx512f, 2 cores) then AMD EPYC (avx2, 2 cores)"
+    assert f"Code abc1234; {machines}. " in text
     assert "Code abc1234" in text and text.index("| h100_batched") < text.index("| rtx5070_coding")
     (folder / "h100_batched.json").write_text(json.dumps(json.loads((folder / "h100_batched.json").read_text()) | {"code": "def5678"}))
     with pytest.raises(SystemExit, match="several commits"):
