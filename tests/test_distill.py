@@ -260,3 +260,19 @@ def test_next_token_nll_is_torchs_summed_cross_entropy() -> None:
     assert next_token_nll(torch.log_softmax(logits, dim=-1), ids) == pytest.approx(float(expected), rel=1e-6)
     shifted = torch.nn.functional.cross_entropy(logits.reshape(-1, 11), ids.reshape(-1), reduction="sum")  # no shift: wrong
     assert next_token_nll(torch.log_softmax(logits, dim=-1), ids) != pytest.approx(float(shifted), rel=1e-3)
+
+
+def test_heldout_scores_are_the_kl_and_perplexity_by_their_definitions(tiny_model: Any, student: Path) -> None:
+    """The test split's two numbers (one log-softmax shared) equal heldout_kl and exp of torch's mean cross-entropy."""
+    from transformers import AutoModelForCausalLM
+
+    from autocompress.quality.distillation import heldout_kl, heldout_scores
+
+    pruned = AutoModelForCausalLM.from_pretrained(student, trust_remote_code=True).eval()
+    ids = torch.randint(0, 256, (6, 32), generator=torch.Generator().manual_seed(2))
+    got = heldout_scores(pruned, tiny_model, ids, batch_size=4)  # 4 + 2: a short last batch counts by its tokens
+    assert got["kl"] == pytest.approx(heldout_kl(pruned, tiny_model, ids, batch_size=4), rel=1e-6) and got["kl"] > 0
+    with torch.no_grad():
+        logits = pruned(input_ids=ids).logits.float()
+    ce = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    assert got["perplexity"] == pytest.approx(float(ce.exp()), rel=1e-5) and got["tokens"] == ids.numel()

@@ -136,9 +136,10 @@ def heldout_scores(student: Any, teacher: Any, tokens: torch.Tensor, batch_size:
     kl, nll, n_nll = 0.0, 0.0, 0
     for start in range(0, len(tokens), batch_size):
         ids = tokens[start : start + batch_size]
-        logits = forward(student, ids)[1].float()
-        kl += float(kl_loss(logits, forward(teacher, ids)[1])) * ids.numel()
-        nll += next_token_nll(torch.log_softmax(logits, dim=-1), ids)
+        logp = torch.log_softmax(forward(student, ids)[1].float(), dim=-1)  # once: the KL's and the NLL's
+        logp_t = torch.log_softmax(forward(teacher, ids)[1].float(), dim=-1)
+        kl += float(F.kl_div(logp.flatten(0, -2), logp_t.flatten(0, -2), log_target=True, reduction="batchmean")) * ids.numel()
+        nll += next_token_nll(logp, ids)
         n_nll += ids[:, 1:].numel()
     return {"kl": kl / tokens.numel(), "perplexity": math.exp(nll / n_nll), "tokens": int(tokens.numel())}
 
