@@ -100,9 +100,14 @@ def forward(model: Any, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def kl_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """T^2 * mean over tokens of KL(softmax(teacher / T) || softmax(student / T))."""
-    logp_s = torch.log_softmax(student_logits.float() / temperature, dim=-1).flatten(0, -2)
-    logp_t = torch.log_softmax(teacher_logits.float() / temperature, dim=-1).flatten(0, -2)
-    return F.kl_div(logp_s, logp_t, log_target=True, reduction="batchmean") * temperature**2
+    logp_s = torch.log_softmax(student_logits.float() / temperature, dim=-1)
+    logp_t = torch.log_softmax(teacher_logits.float() / temperature, dim=-1)
+    return kl_of_log_probs(logp_s, logp_t) * temperature**2
+
+
+def kl_of_log_probs(logp_s: torch.Tensor, logp_t: torch.Tensor) -> torch.Tensor:
+    """Mean over tokens of KL(teacher || student) from log-probabilities [..., V]."""
+    return F.kl_div(logp_s.flatten(0, -2), logp_t.flatten(0, -2), log_target=True, reduction="batchmean")
 
 
 def hidden_loss(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, proj: torch.nn.Linear) -> torch.Tensor:
@@ -138,7 +143,7 @@ def heldout_scores(student: Any, teacher: Any, tokens: torch.Tensor, batch_size:
         ids = tokens[start : start + batch_size]
         logp = torch.log_softmax(forward(student, ids)[1].float(), dim=-1)  # once: the KL's and the NLL's
         logp_t = torch.log_softmax(forward(teacher, ids)[1].float(), dim=-1)
-        kl += float(F.kl_div(logp.flatten(0, -2), logp_t.flatten(0, -2), log_target=True, reduction="batchmean")) * ids.numel()
+        kl += float(kl_of_log_probs(logp, logp_t)) * ids.numel()
         nll += next_token_nll(logp, ids)
         n_nll += ids[:, 1:].numel()
     return {"kl": kl / tokens.numel(), "perplexity": math.exp(nll / n_nll), "tokens": int(tokens.numel())}
