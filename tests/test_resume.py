@@ -139,18 +139,26 @@ def _rows(run: Path) -> pd.DataFrame:
     return pd.read_parquet(run / "trials.parquet").set_index("trial_id")
 
 
+# The driver writes every thread's Python stack to its log on SIGUSR2 (Tune takes SIGUSR1): where a hung exit waits.
+STACK_DUMP = "import faulthandler, signal\nfaulthandler.register(signal.SIGUSR2, all_threads=True)\n"
+
+
 def interrupt_sweep(tmp_path: Path, run_id: str, send: Callable[[subprocess.Popen[bytes]], None]) -> tuple[Path, Path, list[str]]:
     """Start a 4-trial sweep, `send` it a signal after its first trial; check it exits 130 and is left resumable."""
     run, log = tmp_path / "cpu_interactive" / run_id, tmp_path / "first.log"
     args = [*TINY_RUN, "sweep.num_trials=4", "sweep.max_concurrent_trials=1", f"results.dir={tmp_path}", f"results.run_id={run_id}"]
-    proc = start_cli("autocompress.sweep", *args, log=log)
+    (tmp_path / "dump").mkdir()
+    (tmp_path / "dump" / "sitecustomize.py").write_text(STACK_DUMP)
+    proc = start_cli("autocompress.sweep", *args, log=log, env={"PYTHONPATH": str(tmp_path / "dump")})
     try:
         wait_for(log, "trial 1/4", proc)
         send(proc)
         try:
             code = proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:  # seen once under a loaded clean-clone CI (2026-12-07): keep its log for the cause
-            pytest.fail(f"the sweep had not exited 120 s after the signal; its log ends:\n{log.read_text()[-3000:]}")
+        except subprocess.TimeoutExpired:  # seen once under a loaded clean-clone CI (2026-12-07): keep where it hangs
+            proc.send_signal(signal.SIGUSR2)  # STACK_DUMP: every thread's Python stack into the log
+            time.sleep(3)
+            pytest.fail(f"the sweep had not exited 120 s after the signal; its log ends:\n{log.read_text()[-6000:]}")
         assert code == 130, log.read_text()[-3000:]
     finally:
         kill_group(proc)
