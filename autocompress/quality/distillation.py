@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from autocompress.config.schema import DataSpec
@@ -23,7 +22,7 @@ from autocompress.errors import ConfigError
 from autocompress.io import atomic_write, check_output, staged
 from autocompress.io import log as log_line
 from autocompress.model.data import load_token_data
-from autocompress.model.scores import next_token_nll
+from autocompress.model.scores import kl_of_log_probs, next_token_nll
 from autocompress.quality.tasks import evaluation_paths
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -103,11 +102,6 @@ def kl_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperat
     logp_s = torch.log_softmax(student_logits.float() / temperature, dim=-1)
     logp_t = torch.log_softmax(teacher_logits.float() / temperature, dim=-1)
     return kl_of_log_probs(logp_s, logp_t) * temperature**2
-
-
-def kl_of_log_probs(logp_s: torch.Tensor, logp_t: torch.Tensor) -> torch.Tensor:
-    """Mean over tokens of KL(teacher || student) from log-probabilities [..., V]."""
-    return F.kl_div(logp_s.flatten(0, -2), logp_t.flatten(0, -2), log_target=True, reduction="batchmean")
 
 
 def hidden_loss(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, proj: torch.nn.Linear) -> torch.Tensor:

@@ -31,7 +31,7 @@ from autocompress.config.metrics import Constraint
 from autocompress.config.schema import LagrangianSettings, SearchSpec
 from autocompress.cost import ArchDistribution, CostModel
 from autocompress.io import Clock
-from autocompress.model.scores import next_token_nll
+from autocompress.model.scores import kl_of_log_probs, next_token_nll
 
 
 @dataclass
@@ -112,7 +112,7 @@ def _kl(logp_s: torch.Tensor, model: Any, teacher_hidden: torch.Tensor) -> torch
     """Mean over tokens of KL(p_teacher || p_student) from the student's log-probabilities [b, s, V]."""
     with torch.no_grad():
         logp_t = torch.log_softmax(model.lm_head(teacher_hidden).float(), dim=-1)
-    return F.kl_div(logp_s.flatten(0, 1), logp_t.flatten(0, 1), log_target=True, reduction="batchmean")
+    return kl_of_log_probs(logp_s, logp_t)
 
 
 @torch.no_grad()
