@@ -100,3 +100,24 @@ def test_base_perplexity_in_one_pass_equals_the_two_pass_score(model_and_tokens:
     kl, ppl = kl_and_perplexity(model, tokens, teacher)
     assert kl == pytest.approx(0.0, abs=1e-6)
     assert perplexity(model, tokens, batch_size=4) == pytest.approx(ppl, rel=1e-6)  # 6 rows: batches of 4 and 2
+
+
+def test_kl_and_perplexity_are_their_definitions_for_a_pruned_model(model_and_tokens: tuple[Any, torch.Tensor]) -> None:
+    """Mean over all tokens of sum_v p_t (log p_t - log p_s), and exp of the mean next-token NLL, written out by hand, in
+    batches of 4 and 2 (the token sum is rebuilt from each batch's mean)."""
+    from autocompress.search.moe import kl_and_perplexity, logits_of
+
+    model, tokens = model_and_tokens
+    full = MoEShape.of(model.config)
+    student = prune(
+        model,
+        MoEShape(full.experts, full.expert_ffn // 2, full.shared_ffn, full.layers[1:]),
+        minitron_moe.modelopt_importance(model, tokens, batch_size=6),
+    )
+    kl, ppl = kl_and_perplexity(student, tokens, logits_of(model, tokens), batch_size=4)
+    with torch.no_grad():
+        logp_t = torch.log_softmax(model(tokens, use_cache=False).logits.double(), dim=-1)
+        logp_s = torch.log_softmax(student(tokens, use_cache=False).logits.double(), dim=-1)
+    want_kl = float((logp_t.exp() * (logp_t - logp_s)).sum(-1).mean())
+    want_ppl = float(torch.exp(-logp_s[:, :-1].gather(-1, tokens[:, 1:, None]).mean()))
+    assert want_kl > 0.01 and kl == pytest.approx(want_kl, rel=1e-5) and ppl == pytest.approx(want_ppl, rel=1e-5)

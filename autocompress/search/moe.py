@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
 from autocompress.arch.hybrid import HybridModel
 from autocompress.arch.moe_pruning import MAMBA, MoEImportance, MoEShape, hybrid_shapes, moe_importance, prune
@@ -40,7 +39,7 @@ from autocompress.cost.hybrid import HybridCost, evaluate, hardware_terms
 from autocompress.io import RunPaths, log
 from autocompress.model.base import check_model_folder
 from autocompress.model.data import load_token_data
-from autocompress.model.scores import next_token_nll
+from autocompress.model.scores import kl_of_log_probs, next_token_nll
 from autocompress.model.tiny_moe import TinyHybridMoE, tiny_hybrid_moe
 
 FAMILY = HYBRID_MOE
@@ -94,9 +93,9 @@ def kl_and_perplexity(model: Any, tokens: torch.Tensor, teacher: torch.Tensor, b
     for i in range(0, len(tokens), batch_size):
         ids = tokens[i : i + batch_size]
         logits = model(ids, use_cache=False).logits.float()
-        logp_t = torch.log_softmax(teacher[i : i + batch_size], dim=-1).flatten(0, 1)
+        logp_t = torch.log_softmax(teacher[i : i + batch_size], dim=-1)
         logp = torch.log_softmax(logits, dim=-1)
-        kl += float(F.kl_div(logp.flatten(0, 1), logp_t, log_target=True, reduction="sum"))
+        kl += float(kl_of_log_probs(logp, logp_t)) * ids.numel()  # the batch's token mean, back to a sum over tokens
         nll += next_token_nll(logp, ids)
         n_nll += ids[:, 1:].numel()
     return kl / tokens.numel(), math.exp(nll / n_nll)
