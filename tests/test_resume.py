@@ -46,6 +46,14 @@ def start_cli(module: str, *args: str, log: Path, env: dict[str, str] | None = N
         )
 
 
+def site_folder(tmp_path: Path, name: str, text: str) -> dict[str, str]:
+    """A folder `tmp_path/name` holding `text` as sitecustomize.py; returns the env that makes every Python process of a
+    sweep (driver and Ray workers) load it."""
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "sitecustomize.py").write_text(text)
+    return {"PYTHONPATH": str(tmp_path / name)}
+
+
 def wait_for(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: float = 240) -> None:
     """Wait until `text` appears in `log`; fail early if `proc` exits first."""
     deadline = time.time() + timeout
@@ -147,9 +155,7 @@ def interrupt_sweep(tmp_path: Path, run_id: str, send: Callable[[subprocess.Pope
     """Start a 4-trial sweep, `send` it a signal after its first trial; check it exits 130 and is left resumable."""
     run, log = tmp_path / "cpu_interactive" / run_id, tmp_path / "first.log"
     args = [*TINY_RUN, "sweep.num_trials=4", "sweep.max_concurrent_trials=1", f"results.dir={tmp_path}", f"results.run_id={run_id}"]
-    (tmp_path / "dump").mkdir()
-    (tmp_path / "dump" / "sitecustomize.py").write_text(STACK_DUMP)
-    proc = start_cli("autocompress.sweep", *args, log=log, env={"PYTHONPATH": str(tmp_path / "dump")})
+    proc = start_cli("autocompress.sweep", *args, log=log, env=site_folder(tmp_path, "dump", STACK_DUMP))
     try:
         wait_for(log, "trial 1/4", proc)
         send(proc)
@@ -216,9 +222,7 @@ def test_killed_driver_and_lost_disk_resume_from_shared_storage(tmp_path: Path) 
     run, mirror = tmp_path / "local" / "cpu_interactive" / "ko", shared / "cpu_interactive" / "ko"
     args = [*TINY_RUN, "sweep=optuna", "sweep.num_trials=3", "sweep.max_concurrent_trials=1", f"sweep.storage_path={shared}"]
     args += [f"results.dir={tmp_path / 'local'}", "results.run_id=ko"]
-    (tmp_path / "gate").mkdir()
-    (tmp_path / "gate" / "sitecustomize.py").write_text(GATE)
-    gate = {"PYTHONPATH": str(tmp_path / "gate"), "AUTOCOMPRESS_TEST_GATE": str(tmp_path / "gate")}
+    gate = {**site_folder(tmp_path, "gate", GATE), "AUTOCOMPRESS_TEST_GATE": str(tmp_path / "gate")}
     proc = start_cli("autocompress.sweep", *args, log=log, env=gate)  # only the first search runs: the kill lands mid-run
     try:
         wait_for(log, "trial 1/3", proc)
@@ -309,9 +313,7 @@ FAULT = search_patch(
 
 @pytest.mark.ray
 def test_errored_trial_is_retried_then_recorded_with_its_error(tmp_path: Path) -> None:
-    (tmp_path / "fault").mkdir()
-    (tmp_path / "fault" / "sitecustomize.py").write_text(FAULT)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "fault"), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **site_folder(tmp_path, "fault", FAULT), "PYTHONUNBUFFERED": "1"}
     args = [*TINY_RUN, "sweep.num_trials=4", "sweep.definition.grid.margin=[0.0,0.1,0.2,0.3]", "sweep.definition.grid.dual_lr=[0.5]"]
     args += ["sweep.max_failures=1", f"results.dir={tmp_path}", "results.run_id=e"]
     cmd = [sys.executable, "-m", "autocompress.sweep", *args]
