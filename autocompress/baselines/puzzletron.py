@@ -43,6 +43,7 @@ from autocompress.baselines.mip import LinearBound, Program, solve
 from autocompress.config.metrics import Constraint
 from autocompress.cost import CostModel
 from autocompress.errors import ConfigError, InfeasibleError
+from autocompress.model.scores import kl_of_log_probs
 from autocompress.search.differentiable import evaluate
 
 LABEL = "Puzzletron (ModelOpt puzzletron: block library, one-block scores, MIP)"
@@ -220,7 +221,7 @@ def one_block_scores(
         if logq is not None:
             with torch.no_grad():
                 logp = torch.log_softmax(model.lm_head(hidden).float(), dim=-1)
-            scores[layer, b] = float((logq.exp() * (logq - logp)).sum(-1).mean())
+            scores[layer, b] = float(kl_of_log_probs(logp, logq))
         else:
             scores[layer, b] = float(cosine_embedding_loss(hidden, teacher).mean())
     return scores
